@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""CDK entry point: the only place that reads the environment name, a config path or context.
+
+    cdk synth -c env=prod            # config/prod.yaml
+    cdk synth -c config=my.yaml      # any config file
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import aws_cdk as cdk
+
+from config.loader import ConfigError, config_path_for, load_config
+from stacks.pd_serving_stack import PdServingStack
+
+
+def availability_zone_context(account: str, region: str, zones: list[str]) -> dict[str, list[str]]:
+    """Context that answers the VPC's AZ question from the config, so synth never asks AWS."""
+    return {f"availability-zones:account={account}:region={region}": list(zones)}
+
+
+def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
+    config = load_config(config_path)
+    app = cdk.App(
+        outdir=outdir,
+        context=availability_zone_context(
+            config.aws.account, config.aws.region, config.network.availability_zones
+        ),
+    )
+    stack = PdServingStack(
+        app,
+        config.stack_name,
+        config=config,
+        env=cdk.Environment(account=config.aws.account, region=config.aws.region),
+        description=f"Prefill/decode disaggregated LLM serving on EKS ({config.name})",
+    )
+    for key, value in config.tags.items():
+        cdk.Tags.of(stack).add(key, value)
+    return app
+
+
+def selected_config_path(app_context: cdk.App) -> str:
+    config = app_context.node.try_get_context("config")
+    if config:
+        return config
+    return str(config_path_for(app_context.node.try_get_context("env") or "dev"))
+
+
+def main() -> int:
+    selector = cdk.App()  # reads -c env=… / -c config=… passed by the CDK CLI
+    try:
+        app = build_app(selected_config_path(selector), outdir=os.environ.get("CDK_OUTDIR"))
+    except ConfigError as exc:
+        print(f"Config error:\n{exc}", file=sys.stderr)
+        return 2
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

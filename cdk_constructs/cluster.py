@@ -1,0 +1,115 @@
+"""The EKS control plane (aws_eks_v2), its kubectl provider, access entries and managed add-ons."""
+
+from __future__ import annotations
+
+import importlib
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from config.schema import ClusterConfig
+from config.versions import KUBERNETES_RELEASES
+
+ALL_LOG_TYPES = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+# Managed so that EKS patches them; vpc-cni and kube-proxy run on every node as DaemonSets,
+# coredns needs a node to become ACTIVE, so it is created after the system node group.
+NODE_INDEPENDENT_ADDONS = ("vpc-cni", "kube-proxy")
+
+
+def kubectl_layer(scope: Construct, kubernetes_version: str):
+    """The kubectl/helm Lambda layer that matches the cluster's Kubernetes version."""
+    release = KUBERNETES_RELEASES[kubernetes_version]
+    module = importlib.import_module(release.layer_module)
+    return getattr(module, release.layer_class)(scope, "KubectlLayer")
+
+
+def endpoint_access(config: ClusterConfig) -> eks.EndpointAccess:
+    if config.endpoint.public and config.endpoint.private:
+        return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint.public_cidrs)
+    if config.endpoint.public:
+        return eks.EndpointAccess.PUBLIC.only_from(*config.endpoint.public_cidrs)
+    return eks.EndpointAccess.PRIVATE
+
+
+class EksCluster(Construct):
+    """An EKS cluster without default capacity; node groups are added by their own constructs.
+
+    Args:
+        config: the cluster section of the environment's config.
+        cluster_name: the EKS cluster name.
+        vpc: the VPC; the control plane's ENIs go into ``subnets``.
+        subnets: private subnets for the control plane's network interfaces.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: ClusterConfig,
+        cluster_name: str,
+        vpc: ec2.IVpc,
+        subnets: list[ec2.ISubnet],
+    ) -> None:
+        super().__init__(scope, id_)
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            description=f"Envelope encryption of Kubernetes secrets in {cluster_name}",
+            enable_key_rotation=True,
+        )
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_name,
+            version=eks.KubernetesVersion.of(config.kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[ec2.SubnetSelection(subnets=subnets)],
+            default_capacity=0,
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            endpoint_access=endpoint_access(config),
+            cluster_logging=ALL_LOG_TYPES,
+            secrets_encryption_key=self.secrets_key,
+            bootstrap_self_managed_addons=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=kubectl_layer(self, config.kubernetes_version)
+            ),
+        )
+        for index, principal in enumerate(config.admin_principals):
+            self.cluster.grant_access(
+                f"Admin{index}",
+                principal,
+                [
+                    eks.AccessPolicy.from_access_policy_name(
+                        "AmazonEKSClusterAdminPolicy",
+                        access_scope_type=eks.AccessScopeType.CLUSTER,
+                    )
+                ],
+            )
+        self.addons = {
+            name: eks.Addon(self, _addon_id(name), addon_name=name, cluster=self.cluster)
+            for name in NODE_INDEPENDENT_ADDONS
+        }
+        # Pod Identity's agent is created through the cluster so that service accounts
+        # with IdentityType.POD_IDENTITY reuse it instead of adding a second one.
+        self.pod_identity_agent = self.cluster.eks_pod_identity_agent
+
+    def add_coredns_after(self, node_group: Construct) -> eks.Addon:
+        """coredns stays DEGRADED (and its stack update fails) until a node can run it."""
+        coredns = eks.Addon(self, "CoreDns", addon_name="coredns", cluster=self.cluster)
+        coredns.node.add_dependency(node_group)
+        self.addons["coredns"] = coredns
+        return coredns
+
+
+def _addon_id(name: str) -> str:
+    return "".join(part.title() for part in name.split("-"))

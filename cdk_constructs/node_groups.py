@@ -1,0 +1,178 @@
+"""Managed node groups: the CPU system group, and one EFA GPU group per serving phase.
+
+Every node gets a launch template so that IMDSv2, the hop limit and encrypted root volumes are
+set the same way. GPU nodes additionally get an EFA network interface, the EFA security group and
+the shared cluster placement group, which only an L1 ``CfnLaunchTemplate`` can express.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Tags
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from config.schema import GpuNodeGroupConfig, SystemNodeGroupConfig
+
+GPU_TAINT_KEY = "nvidia.com/gpu"
+EFA_TAINT_KEY = "aws.amazon.com/efa"
+ROLE_LABEL = "role"
+PHASE_LABEL = "pd-serving/phase"
+
+
+def _root_volume(size_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+    return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+        device_name="/dev/xvda",
+        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+            volume_size=size_gib, volume_type="gp3", encrypted=True, delete_on_termination=True
+        ),
+    )
+
+
+def _metadata(hop_limit: int) -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
+    return ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+        http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=hop_limit
+    )
+
+
+def _template_spec(template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
+    return eks.LaunchTemplateSpec(id=template.ref, version=template.attr_latest_version_number)
+
+
+class SystemNodeGroup(Construct):
+    """CPU nodes labelled ``role=system`` for the KubeRay operator and the Ray head.
+
+    Args:
+        cluster: the EKS cluster.
+        config: sizes and instance type.
+        subnets: private subnets the nodes may use (all AZs).
+        metadata_hop_limit: IMDSv2 hop limit.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        config: SystemNodeGroupConfig,
+        subnets: list[ec2.ISubnet],
+        metadata_hop_limit: int,
+    ) -> None:
+        super().__init__(scope, id_)
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                block_device_mappings=[_root_volume(config.root_volume_gib)],
+                metadata_options=_metadata(metadata_hop_limit),
+            ),
+        )
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            "SystemNodes",
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            instance_types=[ec2.InstanceType(config.instance_type)],
+            min_size=config.min_size,
+            desired_size=config.desired_size,
+            max_size=config.max_size,
+            labels={ROLE_LABEL: "system"},
+            subnets=ec2.SubnetSelection(subnets=subnets),
+            launch_template_spec=_template_spec(self.launch_template),
+        )
+
+
+class EfaFabric(Construct):
+    """What the GPU groups share for EFA: a cluster placement group and a self-referencing SG.
+
+    EFA's OS-bypass traffic only flows between instances whose security group allows all
+    traffic to and from itself; the placement group keeps the nodes physically close.
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, vpc: ec2.IVpc) -> None:
+        super().__init__(scope, id_)
+        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description="EFA: all traffic between GPU nodes, nothing else",
+            allow_all_outbound=False,
+        )
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA from GPU nodes"
+        )
+        self.security_group.add_egress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA to GPU nodes"
+        )
+
+
+class GpuNodeGroup(Construct):
+    """One serving phase's GPU nodes, with an EFA interface, in one subnet and the placement group.
+
+    Args:
+        cluster: the EKS cluster.
+        phase: ``prefill`` or ``decode``; becomes a node label and part of the names.
+        config: sizes, instance type and root volume of this phase.
+        fabric: the shared placement group and EFA security group.
+        subnet: the single private subnet (in the GPU AZ) for every GPU node.
+        metadata_hop_limit: IMDSv2 hop limit.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        phase: str,
+        config: GpuNodeGroupConfig,
+        fabric: EfaFabric,
+        subnet: ec2.ISubnet,
+        metadata_hop_limit: int,
+    ) -> None:
+        super().__init__(scope, id_)
+        self.phase = phase
+        self.labels = {ROLE_LABEL: "gpu", PHASE_LABEL: phase}
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                block_device_mappings=[_root_volume(config.root_volume_gib)],
+                metadata_options=_metadata(metadata_hop_limit),
+                # Custom groups replace the cluster security group that EKS would add, so the
+                # interface carries it explicitly; SubnetId must stay out (EKS rejects it).
+                network_interfaces=[
+                    ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                        device_index=0,
+                        network_card_index=0,
+                        interface_type="efa",
+                        groups=[
+                            fabric.security_group.security_group_id,
+                            cluster.cluster_security_group_id,
+                        ],
+                        delete_on_termination=True,
+                    )
+                ],
+                placement=ec2.CfnLaunchTemplate.PlacementProperty(
+                    group_name=fabric.placement_group.ref
+                ),
+            ),
+        )
+        # The instance type is set on the node group only: naming it in the launch template as
+        # well passes synth but fails the EKS deployment.
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            f"{phase.title()}Nodes",
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            instance_types=[ec2.InstanceType(config.instance_type)],
+            min_size=config.min_size,
+            desired_size=config.desired_size,
+            max_size=config.max_size,
+            labels=self.labels,
+            taints=[
+                eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value="true"),
+                eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=EFA_TAINT_KEY, value="true"),
+            ],
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
+            launch_template_spec=_template_spec(self.launch_template),
+        )
+        Tags.of(self.nodegroup).add("pd-serving/phase", phase)

@@ -1,0 +1,1 @@
+"""Command-line helpers behind the Makefile targets."""

@@ -1,0 +1,53 @@
+"""Prints a one-screen summary of a synthesized environment: `python -m cli.summary CONFIG OUTDIR`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from config.loader import ConfigError, load_config
+
+
+def summarize(config_path: str, outdir: str) -> str:
+    config = load_config(config_path)
+    out = Path(outdir)
+    template_path = out / f"{config.stack_name}.template.json"
+    template = json.loads(template_path.read_text())
+    resources = template["Resources"]
+    node_groups = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::EKS::Nodegroup"]
+    groups = config.cluster.gpu_node_groups
+    lines = [
+        f"Synthesized {config.name} from {config_path}",
+        f"  template        {template_path} ({len(resources)} resources)",
+        f"  stack           {config.stack_name} in {config.aws.account}/{config.aws.region}",
+        f"  kubernetes      {config.cluster.kubernetes_version}",
+        f"  VPC AZs         {', '.join(config.network.availability_zones)}; "
+        f"GPU nodes in {config.network.gpu_availability_zone}",
+        "  node groups     name      instance      min/desired/max  AMI",
+    ]
+    rows = [
+        ("system", config.cluster.system_node_group),
+        ("prefill", groups.prefill),
+        ("decode", groups.decode),
+    ]
+    amis = {ng["Labels"].get("pd-serving/phase", ng["Labels"].get("role")): ng["AmiType"] for ng in node_groups}
+    for name, group in rows:
+        lines.append(
+            f"                  {name:<9} {group.instance_type:<13} "
+            f"{group.min_size}/{group.desired_size}/{group.max_size:<13} {amis.get(name, '?')}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        print(summarize(argv[0], argv[1]))
+    except ConfigError as exc:
+        print(f"Config error:\n{exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""Facts about EC2 instance types and GPUs that synth-time checks and the planner rely on.
+
+Synth never calls a pricing or EC2 API, so the facts live here, dated and sourced. When AWS
+changes a price or ships a new type, edit this table (and its date); nothing else hard-codes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRICES_AS_OF = "2026-11"
+PRICES_REGION = "us-east-1"
+PRICES_SOURCE = "https://aws.amazon.com/ec2/pricing/on-demand/ (Linux, on-demand)"
+INSTANCE_FACTS_SOURCE = (
+    "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html (accelerated computing), "
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types"
+)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU model. Peak TFLOPS is dense BF16 tensor throughput from the vendor datasheet."""
+
+    model: str
+    memory_gib: float
+    peak_bf16_tflops: float
+    memory_bandwidth_gbps: float
+
+
+GPUS: dict[str, GpuFacts] = {
+    "L4": GpuFacts("L4", 22.5, 121.0, 300.0),
+    "L40S": GpuFacts("L40S", 44.5, 362.0, 864.0),
+    "A10G": GpuFacts("A10G", 22.0, 70.0, 600.0),
+    "A100-40GB": GpuFacts("A100-40GB", 40.0, 312.0, 1555.0),
+    "H100": GpuFacts("H100", 80.0, 989.0, 3350.0),
+}
+
+
+@dataclass(frozen=True)
+class InstanceFacts:
+    """One EC2 instance type.
+
+    ``efa_interfaces`` is the maximum number of EFA interfaces (0: no EFA). ``gpudirect_rdma``
+    says whether NIXL can read KV cache straight from GPU memory over EFA; without it the KV
+    buffer must be staged in host memory.
+    """
+
+    instance_type: str
+    vcpus: int
+    memory_gib: int
+    network_gbps: float
+    efa_interfaces: int
+    gpu: str | None
+    gpu_count: int
+    gpudirect_rdma: bool
+    price_per_hour: float
+
+    @property
+    def gpu_facts(self) -> GpuFacts | None:
+        return GPUS[self.gpu] if self.gpu else None
+
+    @property
+    def supports_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+def _gpu(name, vcpus, mem, gbps, efa, gpu, count, rdma, price):
+    return InstanceFacts(name, vcpus, mem, gbps, efa, gpu, count, rdma, price)
+
+
+INSTANCES: dict[str, InstanceFacts] = {
+    f.instance_type: f
+    for f in (
+        _gpu("g6.xlarge", 4, 16, 10, 0, "L4", 1, False, 0.8048),
+        _gpu("g6.2xlarge", 8, 32, 10, 0, "L4", 1, False, 0.9776),
+        _gpu("g6.8xlarge", 32, 128, 25, 1, "L4", 1, False, 2.0144),
+        _gpu("g6.12xlarge", 48, 192, 40, 1, "L4", 4, False, 4.6016),
+        _gpu("g6.16xlarge", 64, 256, 25, 1, "L4", 1, False, 3.3968),
+        _gpu("g6.24xlarge", 96, 384, 50, 1, "L4", 4, False, 6.6752),
+        _gpu("g6.48xlarge", 192, 768, 100, 1, "L4", 8, False, 13.3504),
+        _gpu("g6e.8xlarge", 32, 256, 25, 1, "L40S", 1, False, 4.5286),
+        _gpu("g6e.12xlarge", 48, 384, 100, 1, "L40S", 4, False, 10.4926),
+        _gpu("g5.8xlarge", 32, 128, 25, 1, "A10G", 1, False, 2.448),
+        _gpu("g5.12xlarge", 48, 192, 40, 1, "A10G", 4, False, 5.672),
+        _gpu("p4d.24xlarge", 96, 1152, 400, 4, "A100-40GB", 8, True, 21.9576),
+        _gpu("p5.48xlarge", 192, 2048, 3200, 32, "H100", 8, True, 55.04),
+        InstanceFacts("m7i.xlarge", 4, 16, 12.5, 0, None, 0, False, 0.2016),
+        InstanceFacts("m7i.2xlarge", 8, 32, 12.5, 0, None, 0, False, 0.4032),
+        InstanceFacts("m7i.4xlarge", 16, 64, 12.5, 0, None, 0, False, 0.8064),
+    )
+}
+
+# Regional services billed per hour, same source and date as the instance prices.
+NAT_GATEWAY_PER_HOUR = 0.045
+EKS_CONTROL_PLANE_PER_HOUR = 0.10
+EKS_EXTENDED_SUPPORT_PER_HOUR = 0.60
+INTERFACE_ENDPOINT_PER_AZ_HOUR = 0.01
+
+
+def known_instance_types(*, gpu: bool | None = None) -> list[str]:
+    """Instance types in the table, optionally only those with (or without) GPUs."""
+    return sorted(
+        name for name, f in INSTANCES.items() if gpu is None or (f.gpu is not None) == gpu
+    )

@@ -1,0 +1,337 @@
+"""The typed configuration of one environment.
+
+One YAML file per environment under ``config/`` is loaded into :class:`AppConfig`. Every model is
+frozen and rejects unknown keys, so a typo fails synth instead of being silently ignored.
+Cross-field rules that would otherwise surface twenty minutes into ``cdk deploy`` live here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from config import catalog, versions
+
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+PLACEHOLDER_ACCOUNT = "000000000000"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def dns_label(value: str) -> str:
+    if not DNS_1123_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid DNS-1123 label: use at most 63 lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit"
+        )
+    return value
+
+
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63)]
+
+
+class AwsTarget(StrictModel):
+    account: str = Field(
+        description=(
+            "12-digit AWS account id to deploy into. The placeholder 000000000000 synthesizes "
+            "offline but `make deploy` refuses it."
+        ),
+        pattern=r"^\d{12}$",
+    )
+    region: str = Field(
+        description="AWS region, for example us-east-2.",
+        pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$",
+    )
+
+
+class NetworkConfig(StrictModel):
+    vpc_cidr: str = Field(description="IPv4 CIDR of the VPC, /16 to /24.", default="10.40.0.0/16")
+    availability_zones: list[str] = Field(
+        description=(
+            "Availability zones of the VPC (at least two: EKS requires it). They are written "
+            "into the app's context so synth never looks them up."
+        ),
+        min_length=2,
+    )
+    gpu_availability_zone: str = Field(
+        description=(
+            "The one AZ that holds every GPU node: EFA traffic does not cross AZs and a cluster "
+            "placement group lives in one AZ. Choose an AZ that has the GPU instance type."
+        )
+    )
+    nat_gateways: int = Field(
+        description="NAT gateways for the private subnets (1 is cheap, one per AZ is resilient).",
+        ge=0,
+        default=1,
+    )
+    interface_endpoints: list[
+        Literal["ecr.api", "ecr.dkr", "sts", "eks", "eks-auth", "logs", "secretsmanager"]
+    ] = Field(
+        description=(
+            "Interface VPC endpoints. ECR's two keep the multi-GB serving image off the NAT "
+            "gateway; an S3 gateway endpoint (free) is always created for the image layers."
+        ),
+        default_factory=lambda: ["ecr.api", "ecr.dkr"],
+    )
+    flow_log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
+        description="Days to keep VPC flow logs (one of the periods CloudWatch Logs accepts).",
+        default=30,
+    )
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not an IPv4 CIDR such as 10.40.0.0/16 ({exc})") from None
+        if not 16 <= network.prefixlen <= 24:
+            raise ValueError(f"{value} has prefix /{network.prefixlen}; use /16 to /24")
+        return value
+
+    @model_validator(mode="after")
+    def _gpu_zone_in_vpc(self) -> NetworkConfig:
+        if len(set(self.availability_zones)) != len(self.availability_zones):
+            raise ValueError("availability_zones lists a zone twice; list each zone once")
+        if self.gpu_availability_zone not in self.availability_zones:
+            raise ValueError(
+                f"gpu_availability_zone {self.gpu_availability_zone!r} is not one of "
+                f"availability_zones {self.availability_zones}; pick one of those or add it"
+            )
+        if self.nat_gateways > len(self.availability_zones):
+            raise ValueError(
+                f"nat_gateways={self.nat_gateways} exceeds the {len(self.availability_zones)} "
+                "availability zones; use at most one per zone"
+            )
+        return self
+
+
+class EndpointAccessConfig(StrictModel):
+    public: bool = Field(
+        description="Expose the Kubernetes API endpoint publicly (restricted to public_cidrs).",
+        default=True,
+    )
+    public_cidrs: list[str] = Field(
+        description="CIDRs allowed to reach the public API endpoint. Required when public is true.",
+        default_factory=list,
+    )
+    private: bool = Field(
+        description="Also expose the API endpoint inside the VPC (nodes use it).", default=True
+    )
+
+    @field_validator("public_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                ipaddress.ip_network(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a CIDR such as 203.0.113.0/24") from None
+        return values
+
+    @model_validator(mode="after")
+    def _reachable(self) -> EndpointAccessConfig:
+        if not self.public and not self.private:
+            raise ValueError("public and private are both false: the API would be unreachable")
+        if self.public and not self.public_cidrs:
+            raise ValueError(
+                "public is true but public_cidrs is empty: list the CIDRs allowed to reach the "
+                "API, or set public: false"
+            )
+        return self
+
+
+class NodeGroupSizing(StrictModel):
+    min_size: int = Field(description="Fewest nodes the group scales down to.", ge=0)
+    desired_size: int = Field(description="Nodes the group starts with.", ge=0)
+    max_size: int = Field(description="Most nodes the group scales up to.", ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"sizes must satisfy min_size <= desired_size <= max_size, got "
+                f"{self.min_size} / {self.desired_size} / {self.max_size}; adjust them"
+            )
+        return self
+
+
+class SystemNodeGroupConfig(NodeGroupSizing):
+    instance_type: str = Field(
+        description="Instance type of the system nodes (KubeRay operator, Ray head).",
+        default="m7i.xlarge",
+    )
+    root_volume_gib: int = Field(description="Encrypted gp3 root volume size.", default=50, ge=20)
+
+
+class GpuNodeGroupConfig(NodeGroupSizing):
+    instance_type: str = Field(
+        description="EFA-capable GPU instance type of this phase, for example g6.8xlarge.",
+        default="g6.8xlarge",
+    )
+    root_volume_gib: int = Field(
+        description="Encrypted gp3 root volume; the serving image alone is tens of GB.",
+        default=200,
+        ge=200,
+    )
+
+    @field_validator("instance_type")
+    @classmethod
+    def _efa_capable(cls, value: str) -> str:
+        facts = catalog.INSTANCES.get(value)
+        efa_types = [
+            name for name, f in sorted(catalog.INSTANCES.items()) if f.supports_efa and f.gpu
+        ]
+        if facts is None:
+            raise ValueError(
+                f"{value!r} is not in the instance table (config/catalog.py); use one of "
+                f"{', '.join(efa_types)} or add its facts there"
+            )
+        if not facts.gpu:
+            raise ValueError(f"{value} has no GPU; use one of {', '.join(efa_types)}")
+        if not facts.supports_efa:
+            raise ValueError(
+                f"{value} does not support EFA, which carries the KV cache between phases; use "
+                f"one of {', '.join(efa_types)}"
+            )
+        return value
+
+
+class GpuNodeGroups(StrictModel):
+    prefill: GpuNodeGroupConfig = Field(description="Nodes that run the prefill engines.")
+    decode: GpuNodeGroupConfig = Field(description="Nodes that run the decode engines.")
+
+
+class ClusterConfig(StrictModel):
+    kubernetes_version: str = Field(
+        description=(
+            "EKS Kubernetes version. It must still be creatable on EKS and have its CDK kubectl "
+            "layer installed (aws-cdk.lambda-layer-kubectl-v<minor>)."
+        ),
+        default=versions.DEFAULT_KUBERNETES_VERSION,
+    )
+    endpoint: EndpointAccessConfig = Field(description="Kubernetes API endpoint access.")
+    admin_principals: list[str] = Field(
+        description="IAM role or user ARNs granted cluster admin through EKS access entries.",
+        default_factory=list,
+    )
+    metadata_hop_limit: int = Field(
+        description=(
+            "IMDSv2 hop limit on every node. 1 keeps pods away from the node role; workloads "
+            "get credentials from EKS Pod Identity instead."
+        ),
+        default=1,
+        ge=1,
+        le=2,
+    )
+    system_node_group: SystemNodeGroupConfig = Field(
+        description="CPU nodes for the KubeRay operator and the Ray head."
+    )
+    gpu_node_groups: GpuNodeGroups = Field(description="One EFA GPU node group per phase.")
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _creatable(cls, value: str) -> str:
+        release = versions.KUBERNETES_RELEASES.get(value)
+        if release is None:
+            raise ValueError(
+                f"Kubernetes {value} is unknown; use one of "
+                f"{', '.join(versions.KUBERNETES_RELEASES)} (default {versions.DEFAULT_KUBERNETES_VERSION})"
+            )
+        end = release.end_of_extended_support
+        if end is not None and end <= dt.date.today():
+            raise ValueError(
+                f"EKS no longer creates Kubernetes {value} clusters (extended support ended "
+                f"{end.isoformat()}); use {versions.DEFAULT_KUBERNETES_VERSION}"
+            )
+        if importlib.util.find_spec(release.layer_module) is None:
+            raise ValueError(
+                f"Kubernetes {value} needs the kubectl layer package {release.layer_package}, "
+                f"which is not installed; add it to requirements.txt or use "
+                f"{versions.DEFAULT_KUBERNETES_VERSION}"
+            )
+        return value
+
+    @field_validator("admin_principals")
+    @classmethod
+    def _arns(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not re.match(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$", value):
+                raise ValueError(
+                    f"{value!r} is not an IAM role or user ARN such as "
+                    "arn:aws:iam::123456789012:role/Admin"
+                )
+        return values
+
+
+class ChartVersions(StrictModel):
+    nvidia_device_plugin: str = Field(
+        description="Chart version of NVIDIA's device plugin.",
+        default=versions.NVIDIA_DEVICE_PLUGIN.version,
+    )
+    efa_device_plugin: str = Field(
+        description="Chart version of the AWS EFA device plugin.",
+        default=versions.EFA_DEVICE_PLUGIN.version,
+    )
+    kuberay_operator: str = Field(
+        description="Chart version of the KubeRay operator (its CRDs must match the RayService).",
+        default=versions.KUBERAY_OPERATOR.version,
+    )
+    aws_load_balancer_controller: str = Field(
+        description="Chart version of the AWS Load Balancer Controller (only with an NLB).",
+        default=versions.AWS_LOAD_BALANCER_CONTROLLER.version,
+    )
+
+
+class AppConfig(StrictModel):
+    name: str = Field(
+        description=(
+            "Short DNS-1123 name of the deployment; prefixes the stack and the cluster name."
+        )
+    )
+    production: bool = Field(
+        description="Marks a production environment; stricter checks apply.", default=False
+    )
+    aws: AwsTarget = Field(description="Where the stack is deployed.")
+    network: NetworkConfig = Field(description="VPC layout.")
+    cluster: ClusterConfig = Field(description="EKS cluster and node groups.")
+    charts: ChartVersions = Field(
+        description="Helm chart versions (defaults pinned in config/versions.py).",
+        default_factory=ChartVersions,
+    )
+    tags: dict[str, str] = Field(
+        description="Tags applied to every taggable resource.", default_factory=dict
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if len(value) > 40:
+            raise ValueError(f"{value!r} is {len(value)} characters; use at most 40 so derived names fit")
+        return dns_label(value)
+
+    @model_validator(mode="after")
+    def _zones_in_region(self) -> AppConfig:
+        region = self.aws.region
+        foreign = [az for az in self.network.availability_zones if not az.startswith(region)]
+        if foreign:
+            raise ValueError(
+                f"network.availability_zones {foreign} are not in aws.region {region}; use "
+                f"zones such as {region}a, {region}b"
+            )
+        return self
+
+    @property
+    def stack_name(self) -> str:
+        return f"{self.name}-pd-serving"
+
+    @property
+    def cluster_name(self) -> str:
+        return self.name

@@ -1,0 +1,81 @@
+"""Every version the project pins, in one place.
+
+Kubernetes, the kubectl layer, Helm charts, the serving image and Ray are changed here and
+nowhere else; per-environment YAML may override chart versions, but the defaults live here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+DEFAULT_KUBERNETES_VERSION = "1.36"
+
+
+@dataclass(frozen=True)
+class KubernetesRelease:
+    """An EKS Kubernetes minor version and the CDK kubectl layer that matches it."""
+
+    version: str
+    layer_module: str
+    layer_class: str
+    layer_package: str
+    end_of_extended_support: dt.date | None
+
+
+def _release(minor: int, end_of_extended_support: dt.date | None) -> KubernetesRelease:
+    return KubernetesRelease(
+        version=f"1.{minor}",
+        layer_module=f"aws_cdk.lambda_layer_kubectl_v{minor}",
+        layer_class=f"KubectlV{minor}Layer",
+        layer_package=f"aws-cdk.lambda-layer-kubectl-v{minor}",
+        end_of_extended_support=end_of_extended_support,
+    )
+
+
+# EKS stops creating clusters of a version when its extended support ends
+# (https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html).
+KUBERNETES_RELEASES: dict[str, KubernetesRelease] = {
+    r.version: r
+    for r in (
+        _release(29, dt.date(2026, 3, 23)),
+        _release(30, dt.date(2026, 7, 23)),
+        _release(31, dt.date(2026, 11, 26)),
+        _release(32, dt.date(2027, 3, 23)),
+        _release(33, dt.date(2027, 7, 29)),
+        _release(34, dt.date(2027, 12, 2)),
+        _release(35, dt.date(2028, 3, 27)),
+        _release(36, None),
+    )
+}
+
+
+@dataclass(frozen=True)
+class HelmChartPin:
+    """A Helm chart pinned to one version, with the repository it comes from."""
+
+    chart: str
+    repository: str
+    version: str
+
+
+NVIDIA_DEVICE_PLUGIN = HelmChartPin(
+    chart="nvidia-device-plugin",
+    repository="https://nvidia.github.io/k8s-device-plugin",
+    version="0.20.0",
+)
+EFA_DEVICE_PLUGIN = HelmChartPin(
+    chart="aws-efa-k8s-device-plugin",
+    repository="https://aws.github.io/eks-charts",
+    version="v0.5.32",
+)
+KUBERAY_OPERATOR = HelmChartPin(
+    chart="kuberay-operator",
+    repository="https://ray-project.github.io/kuberay-helm/",
+    version="1.7.0",
+)
+AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
+    chart="aws-load-balancer-controller",
+    repository="https://aws.github.io/eks-charts",
+    version="3.5.0",
+)

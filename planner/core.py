@@ -1,0 +1,364 @@
+"""Whether a prefill/decode deployment fits, whether moving its KV cache pays off, and what it costs.
+
+Every estimate is first-order and its assumptions live in :class:`Assumptions`, so numbers measured
+on a real GPU run can replace the defaults without touching the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config import catalog
+from config.catalog import INSTANCES, InstanceFacts
+from planner.errors import PlanningError, field_name
+from planner.models import ModelArchitecture, load_architecture
+
+GIB = 2**30
+HOURS_PER_MONTH = 24 * 30
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Calibration knobs; ``metadata["why"]`` says what each one stands for."""
+
+    prefill_mfu: float = field(
+        default=0.35,
+        metadata={"why": "fraction of the GPU's peak dense BF16 FLOPS a prefill achieves in practice"},
+    )
+    network_efficiency: float = field(
+        default=0.7,
+        metadata={"why": "fraction of the instance's nominal network bandwidth a NIXL KV transfer achieves"},
+    )
+    runtime_overhead_gib: float = field(
+        default=1.5,
+        metadata={"why": "per-GPU memory taken by the CUDA context, activations and CUDA graphs"},
+    )
+    kv_block_tokens: int = field(
+        default=16,
+        metadata={"why": "vLLM allocates KV cache in blocks of this many tokens, so capacity rounds down"},
+    )
+    prefill_heavy_ratio: float = field(
+        default=4.0,
+        metadata={"why": "prompt/output token ratio from which prefill interference justifies its own nodes"},
+    )
+
+
+@dataclass(frozen=True)
+class PhasePlanInputs:
+    instance_type: str
+    tensor_parallel_size: int = 1
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the planner needs; ``model`` is a Hugging Face id or an architecture."""
+
+    model: str | ModelArchitecture
+    prefill: PhasePlanInputs
+    decode: PhasePlanInputs
+    dtype_bytes: int = 2
+    max_model_len: int = 8192
+    gpu_memory_utilization: float = 0.9
+    prompt_lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768)
+    typical_prompt_tokens: int = 4096
+    typical_output_tokens: int = 256
+    max_transfer_share: float = 0.25
+    fail_on_transfer_share: bool = False
+    config_json: str | Path | None = None
+    system_instance_type: str = "m7i.xlarge"
+    system_nodes: int = 1
+    nat_gateways: int = 1
+    interface_endpoints: int = 0  # endpoints × AZs, each billed per hour
+    eks_extended_support: bool = False
+    assumptions: Assumptions = Assumptions()
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    instance_type: str
+    gpu: str
+    tensor_parallel_size: int
+    nodes: int
+    weight_bytes_per_gpu: int
+    kv_bytes_per_token: int
+    kv_bytes_per_token_per_gpu: int
+    kv_cache_bytes_per_gpu: int  # negative when weights and overhead already exceed the budget
+    max_cached_tokens: int
+    max_concurrency_at_max_model_len: float
+    fits: bool
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class TransferRow:
+    prompt_tokens: int
+    prefill_seconds: float
+    kv_bytes: int
+    transfer_seconds: float
+    transfer_share: float
+
+
+@dataclass(frozen=True)
+class CostLine:
+    item: str
+    count: int
+    unit_per_hour: float
+    per_hour: float
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    lines: list[CostLine]
+    per_hour: float
+    per_month: float
+    prices_as_of: str
+    region: str
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    inputs: PlanInputs
+    model: ModelArchitecture
+    prefill: PhasePlan
+    decode: PhasePlan
+    bandwidth_bytes_per_second: float
+    transfer_rows: list[TransferRow]
+    skipped_prompt_lengths: list[int]
+    errors: list[str]
+    warnings: list[str]
+    verdict: str
+    cost: CostBreakdown
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def instance_facts(instance_type: str, what: str) -> InstanceFacts:
+    try:
+        return INSTANCES[instance_type]
+    except KeyError:
+        raise PlanningError(
+            f"{what}={instance_type!r} is not in config/catalog.py; known types: "
+            + ", ".join(catalog.known_instance_types())
+        ) from None
+
+
+def prefill_flops(model: ModelArchitecture, tokens: int) -> float:
+    """2·params·tokens for the matmuls plus 2·layers·tokens²·(heads·head_dim) for causal attention.
+
+    QKᵀ and AV are each 2·T²·d FLOPs per layer; the causal mask halves their sum.
+    """
+    attention = 2 * model.num_layers * tokens**2 * model.num_attention_heads * model.head_dim
+    return 2 * model.num_parameters * tokens + attention
+
+
+def prefill_seconds(model: ModelArchitecture, tokens: int, facts: InstanceFacts, tp: int, mfu: float) -> float:
+    peak = facts.gpu_facts.peak_bf16_tflops * 1e12
+    return prefill_flops(model, tokens) / (tp * peak * mfu)
+
+
+def _smallest_fitting_tp(model: ModelArchitecture, dtype_bytes: int, budget: float, overhead: float) -> int | None:
+    for tp in (1, 2, 4, 8):
+        if model.num_attention_heads % tp == 0 and model.num_parameters * dtype_bytes / tp + overhead <= budget:
+            return tp
+    return None
+
+
+def _example_instance(gpu: str, count: int) -> str:
+    """The cheapest catalog type with ``count`` of this GPU, as a hint for the message."""
+    candidates = [f for f in INSTANCES.values() if f.gpu == gpu and f.gpu_count >= count]
+    return f" (e.g. {min(candidates, key=lambda f: f.price_per_hour).instance_type})" if candidates else ""
+
+
+def _plan_phase(phase: str, p: PhasePlanInputs, model: ModelArchitecture, inputs: PlanInputs) -> PhasePlan:
+    facts = instance_facts(p.instance_type, field_name("instance_type", phase))
+    if facts.gpu_facts is None:
+        raise PlanningError(f"{field_name('instance_type', phase)}={p.instance_type!r} has no GPU")
+    if p.tensor_parallel_size < 1 or p.nodes < 0:
+        raise PlanningError(f"{field_name('tensor_parallel_size', phase)} must be at least 1 and nodes at least 0")
+    tp, a, util = p.tensor_parallel_size, inputs.assumptions, inputs.gpu_memory_utilization
+    tp_field, type_field = field_name("tensor_parallel_size", phase), field_name("instance_type", phase)
+    gpu = facts.gpu_facts
+    weights = math.ceil(model.num_parameters * inputs.dtype_bytes / tp)
+    kv_token = model.kv_bytes_per_token(inputs.dtype_bytes)
+    # With TP above the KV head count vLLM replicates heads, so each GPU still holds at least one.
+    kv_token_gpu = kv_token // model.num_kv_heads * math.ceil(model.num_kv_heads / tp)
+    budget = util * gpu.memory_gib * GIB
+    overhead = a.runtime_overhead_gib * GIB
+    kv_cache = int(budget - weights - overhead)
+    block = a.kv_block_tokens * kv_token_gpu
+    cached = max(kv_cache, 0) // block * a.kv_block_tokens
+    problem = None
+    where = f"{phase} ({p.instance_type}, {gpu.model} {gpu.memory_gib:g} GiB)"
+    if tp > facts.gpu_count:
+        problem = (
+            f"{tp_field}={tp} exceeds the {facts.gpu_count} GPU(s) of {p.instance_type}: lower it "
+            f"or set {type_field} to a type with {tp} GPUs{_example_instance(gpu.model, tp)}"
+        )
+    elif model.num_attention_heads % tp:
+        problem = (
+            f"{tp_field}={tp} does not divide the {model.num_attention_heads} attention heads of "
+            f"{model.name}: choose a divisor of {model.num_attention_heads}"
+        )
+    elif cached == 0:
+        need = _smallest_fitting_tp(model, inputs.dtype_bytes, budget, overhead)
+        fix = (
+            f"set {tp_field}={need} on a type with {need} GPUs{_example_instance(gpu.model, need)}"
+            + f" or set {type_field} to a GPU with more memory"
+            if need and need > tp
+            else f"set {type_field} to a GPU with more memory"
+        )
+        problem = (
+            f"{model.name} does not fit on {where}: weights take {weights / GIB:.1f} GiB per GPU at "
+            f"{tp_field}={tp}, plus {a.runtime_overhead_gib:g} GiB overhead, against "
+            f"{field_name('gpu_memory_utilization')}={util:g} × {gpu.memory_gib:g} GiB = "
+            f"{budget / GIB:.2f} GiB: {fix}"
+        )
+    elif cached < inputs.max_model_len:
+        problem = (
+            f"{field_name('max_model_len')}={inputs.max_model_len} does not fit on {where}: the KV cache "
+            f"left after weights at {field_name('gpu_memory_utilization')}={util:g} holds {cached} tokens; "
+            f"lower {field_name('max_model_len')} to at most {cached}, raise "
+            f"{field_name('gpu_memory_utilization')} or {tp_field}, or choose a larger instance for {type_field}"
+        )
+    return PhasePlan(
+        phase=phase,
+        instance_type=p.instance_type,
+        gpu=gpu.model,
+        tensor_parallel_size=tp,
+        nodes=p.nodes,
+        weight_bytes_per_gpu=weights,
+        kv_bytes_per_token=kv_token,
+        kv_bytes_per_token_per_gpu=kv_token_gpu,
+        kv_cache_bytes_per_gpu=kv_cache,
+        max_cached_tokens=cached,
+        max_concurrency_at_max_model_len=cached / inputs.max_model_len,
+        fits=problem is None,
+        problem=problem,
+    )
+
+
+def cost_breakdown(inputs: PlanInputs) -> CostBreakdown:
+    """Hourly on-demand cost from the dated table; data transfer and NAT data processing excluded."""
+    lines: list[CostLine] = []
+
+    def add(item: str, count: int, unit: float) -> None:
+        if count:
+            lines.append(CostLine(item, count, unit, round(count * unit, 6)))
+
+    system = instance_facts(inputs.system_instance_type, field_name("system_instance_type"))
+    add(f"system nodes ({system.instance_type})", inputs.system_nodes, system.price_per_hour)
+    for phase in PHASES:
+        p: PhasePlanInputs = getattr(inputs, phase)
+        facts = instance_facts(p.instance_type, field_name("instance_type", phase))
+        add(f"{phase} nodes ({p.instance_type})", p.nodes, facts.price_per_hour)
+    add("NAT gateways", inputs.nat_gateways, catalog.NAT_GATEWAY_PER_HOUR)
+    add("interface endpoints (per AZ)", inputs.interface_endpoints, catalog.INTERFACE_ENDPOINT_PER_AZ_HOUR)
+    # Extended support replaces the standard rate rather than adding to it.
+    if inputs.eks_extended_support:
+        add("EKS control plane (extended support)", 1, catalog.EKS_EXTENDED_SUPPORT_PER_HOUR)
+    else:
+        add("EKS control plane", 1, catalog.EKS_CONTROL_PLANE_PER_HOUR)
+    hourly = round(sum(line.per_hour for line in lines), 6)
+    return CostBreakdown(lines, hourly, round(hourly * HOURS_PER_MONTH, 2), catalog.PRICES_AS_OF, catalog.PRICES_REGION)
+
+
+def _verdict(inputs: PlanInputs, errors: list[str], row: TransferRow) -> str:
+    if errors:
+        return f"not deployable as configured: fix the {len(errors)} error(s) first."
+    ratio = inputs.typical_prompt_tokens / max(inputs.typical_output_tokens, 1)
+    heavy = ratio >= inputs.assumptions.prefill_heavy_ratio
+    why = (
+        f"at {row.prompt_tokens}-token prompts moving the KV cache takes {row.transfer_share:.0%} "
+        f"of the {row.prefill_seconds:.2f} s prefill"
+    )
+    limit = f"{field_name('max_transfer_share')}={inputs.max_transfer_share:g}"
+    if row.transfer_share > inputs.max_transfer_share:
+        return f"not worth it: {why}, above {limit}, so the transfer eats what a separate prefill node saves."
+    if not heavy:
+        return (
+            f"marginal: {why}, but prompts are only {ratio:.1f}× the {inputs.typical_output_tokens}-token "
+            "outputs, so decode dominates and co-located replicas would use the GPUs as well."
+        )
+    if row.transfer_share > inputs.max_transfer_share / 2:
+        return f"marginal: {why}, close to {limit}; a faster network would make the split pay."
+    return (
+        f"worth it: {why} and prompts are {ratio:.0f}× the outputs, so a dedicated prefill node keeps "
+        "long prefills out of the decode batches."
+    )
+
+
+def plan(inputs: PlanInputs) -> PlanReport:
+    """Check fit, transfer cost and price; raise :class:`PlanningError` only when nothing can be planned."""
+    if not 0 < inputs.gpu_memory_utilization <= 1:
+        raise PlanningError(f"{field_name('gpu_memory_utilization')} must be in (0, 1]")
+    if inputs.max_model_len < 1:
+        raise PlanningError(f"{field_name('max_model_len')} must be at least 1")
+    model = inputs.model
+    if isinstance(model, str):
+        model = load_architecture(model, inputs.config_json)
+    a = inputs.assumptions
+    phases = {ph: _plan_phase(ph, getattr(inputs, ph), model, inputs) for ph in PHASES}
+    errors = [pp.problem for pp in phases.values() if pp.problem]
+    if model.max_position_embeddings and inputs.max_model_len > model.max_position_embeddings:
+        errors.append(
+            f"{field_name('max_model_len')}={inputs.max_model_len} exceeds the {model.max_position_embeddings}"
+            f"-token context of {model.name}: lower it to at most {model.max_position_embeddings}"
+        )
+
+    pre = INSTANCES[inputs.prefill.instance_type]
+    dec = INSTANCES[inputs.decode.instance_type]
+    bandwidth = min(pre.network_gbps, dec.network_gbps) * 1e9 / 8 * a.network_efficiency
+    kv_token = model.kv_bytes_per_token(inputs.dtype_bytes)
+
+    def row(tokens: int) -> TransferRow:
+        seconds = prefill_seconds(model, tokens, pre, inputs.prefill.tensor_parallel_size, a.prefill_mfu)
+        transfer = tokens * kv_token / bandwidth
+        return TransferRow(tokens, seconds, tokens * kv_token, transfer, transfer / seconds)
+
+    rows = [row(t) for t in inputs.prompt_lengths if t <= inputs.max_model_len]
+    skipped = [t for t in inputs.prompt_lengths if t > inputs.max_model_len]
+
+    warnings: list[str] = []
+    over = [r for r in rows if r.transfer_share > inputs.max_transfer_share]
+    if over:
+        message = (
+            f"KV transfer exceeds {field_name('max_transfer_share')}={inputs.max_transfer_share:g} of prefill "
+            f"time at {', '.join(str(r.prompt_tokens) for r in over)}-token prompts (up to "
+            f"{max(r.transfer_share for r in over):.0%}): choose instances with more network bandwidth for "
+            f"{field_name('instance_type', 'prefill')} and {field_name('instance_type', 'decode')}"
+        )
+        (errors if inputs.fail_on_transfer_share else warnings).append(message)
+    for facts in dict.fromkeys((pre, dec)):
+        used_by = " and ".join(ph for ph in PHASES if getattr(inputs, ph).instance_type == facts.instance_type)
+        if not facts.supports_efa:
+            warnings.append(
+                f"{facts.instance_type} ({used_by}) has no EFA: NIXL moves KV over TCP, slower than estimated; "
+                f"choose an EFA-capable type for {field_name('instance_type', used_by.split()[0])}"
+            )
+        elif not facts.gpudirect_rdma:
+            warnings.append(
+                f"{facts.instance_type} ({used_by}) has no GPUDirect RDMA: NIXL stages KV through host memory, "
+                "an extra PCIe copy per side that the transfer estimate leaves out"
+            )
+
+    typical = row(min(inputs.typical_prompt_tokens, inputs.max_model_len))
+    return PlanReport(
+        inputs=inputs,
+        model=model,
+        prefill=phases["prefill"],
+        decode=phases["decode"],
+        bandwidth_bytes_per_second=bandwidth,
+        transfer_rows=rows,
+        skipped_prompt_lengths=skipped,
+        errors=errors,
+        warnings=warnings,
+        verdict=_verdict(inputs, errors, typical),
+        cost=cost_breakdown(inputs),
+    )

@@ -1,0 +1,74 @@
+"""Plain-text rendering of a :class:`PlanReport`, fixed-width so it reads well in a terminal or CI log."""
+
+from __future__ import annotations
+
+from planner.core import GIB, PlanReport
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    # Text columns read best left-aligned, numbers right-aligned.
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [fmt(headers), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < GIB else _gib(n)
+
+
+def render_text(report: PlanReport) -> str:
+    i, m = report.inputs, report.model
+    out = [
+        f"Plan for {m.name}: {m.num_parameters / 1e9:.2f}B parameters, {m.num_layers} layers, "
+        f"{m.num_attention_heads} attention / {m.num_kv_heads} KV heads × {m.head_dim}",
+        f"dtype {i.dtype_bytes} bytes, max_model_len {i.max_model_len}, "
+        f"gpu_memory_utilization {i.gpu_memory_utilization:g}; typical request {i.typical_prompt_tokens} "
+        f"prompt / {i.typical_output_tokens} output tokens",
+        "",
+        "Memory per GPU",
+    ]
+    phases = [report.prefill, report.decode]
+    out += _table(
+        ["", *(p.phase for p in phases)],
+        [
+            ["instance", *(f"{p.nodes}× {p.instance_type} ({p.gpu}) TP{p.tensor_parallel_size}" for p in phases)],
+            ["weights", *(_gib(p.weight_bytes_per_gpu) for p in phases)],
+            ["KV per token per GPU", *(f"{p.kv_bytes_per_token_per_gpu / 1024:g} KiB" for p in phases)],
+            ["KV cache", *(_gib(p.kv_cache_bytes_per_gpu) for p in phases)],
+            ["max cached tokens", *(f"{p.max_cached_tokens:,}" for p in phases)],
+            ["sequences at max_model_len", *(f"{p.max_concurrency_at_max_model_len:.2f}" for p in phases)],
+            ["fits", *("yes" if p.fits else "NO" for p in phases)],
+        ],
+    )
+    out += ["", f"KV transfer at {report.bandwidth_bytes_per_second * 8 / 1e9:.1f} Gbit/s effective"]
+    out += _table(
+        ["prompt tokens", "prefill", "KV to move", "transfer", "share"],
+        [
+            [str(r.prompt_tokens), _ms(r.prefill_seconds), _size(r.kv_bytes), _ms(r.transfer_seconds),
+             f"{r.transfer_share:.1%}"]
+            for r in report.transfer_rows
+        ],
+    )
+    if report.skipped_prompt_lengths:
+        out.append(f"(skipped, above max_model_len: {', '.join(map(str, report.skipped_prompt_lengths))})")
+    out += ["", f"Verdict: {report.verdict}"]
+    out += [f"ERROR: {e}" for e in report.errors] + [f"WARNING: {w}" for w in report.warnings]
+    c = report.cost
+    out += ["", f"Cost (on-demand, {c.region}, prices as of {c.prices_as_of})"]
+    out += _table(
+        ["item", "count", "$/h each", "$/h"],
+        [[ln.item, str(ln.count), f"{ln.unit_per_hour:.4f}", f"{ln.per_hour:.4f}"] for ln in c.lines]
+        + [["total", "", "", f"{c.per_hour:.4f}"]],
+    )
+    out.append(f"per 30-day month: ${c.per_month:,.2f} (data transfer and NAT processing not included)")
+    return "\n".join(out) + "\n"

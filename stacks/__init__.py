@@ -1,0 +1,1 @@
+"""Stacks compose constructs; they hold no logic of their own."""

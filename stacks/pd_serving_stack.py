@@ -1,0 +1,78 @@
+"""The one stack of an environment: network, cluster, node groups, add-ons, serving app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from cdk_constructs import addons
+from cdk_constructs.cluster import EksCluster
+from cdk_constructs.network import Network
+from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
+from config.schema import AppConfig
+
+
+class PdServingStack(Stack):
+    def __init__(self, scope: Construct, id_: str, *, config: AppConfig, **kwargs: Any) -> None:
+        super().__init__(scope, id_, **kwargs)
+        cluster_config = config.cluster
+        network = Network(self, "Network", config=config.network)
+        eks_cluster = EksCluster(
+            self,
+            "Eks",
+            config=cluster_config,
+            cluster_name=config.cluster_name,
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+        )
+        cluster = eks_cluster.cluster
+        cni = eks_cluster.addons["vpc-cni"]
+
+        system = SystemNodeGroup(
+            self,
+            "System",
+            cluster=cluster,
+            config=cluster_config.system_node_group,
+            subnets=network.private_subnets,
+            metadata_hop_limit=cluster_config.metadata_hop_limit,
+        )
+        fabric = EfaFabric(self, "EfaFabric", vpc=network.vpc)
+        gpu_groups = {
+            phase: GpuNodeGroup(
+                self,
+                phase.title(),
+                cluster=cluster,
+                phase=phase,
+                config=getattr(cluster_config.gpu_node_groups, phase),
+                fabric=fabric,
+                subnet=network.gpu_subnet,
+                metadata_hop_limit=cluster_config.metadata_hop_limit,
+            )
+            for phase in ("prefill", "decode")
+        }
+        for group in (system, *gpu_groups.values()):
+            group.node.add_dependency(cni)
+        eks_cluster.add_coredns_after(system.nodegroup)
+
+        charts = config.charts
+        addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
+        addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
+        self.kuberay = addons.kuberay_operator(
+            self, cluster=cluster, version=charts.kuberay_operator
+        )
+        # The RayService (serving app) is added on top of self.kuberay by the serving construct.
+
+        CfnOutput(self, "ClusterName", value=cluster.cluster_name)
+        CfnOutput(
+            self,
+            "UpdateKubeconfigCommand",
+            value=f"aws eks update-kubeconfig --region {self.region} --name {cluster.cluster_name}",
+        )
+        CfnOutput(self, "SystemNodeGroup", value=system.nodegroup.nodegroup_name)
+        for phase, group in gpu_groups.items():
+            CfnOutput(self, f"{phase.title()}NodeGroup", value=group.nodegroup.nodegroup_name)
+        self.cluster = cluster
+        self.network = network
+        self.gpu_groups = gpu_groups
