@@ -73,6 +73,7 @@ class PdServingStack(Stack):
         CfnOutput(self, "SystemNodeGroup", value=system.nodegroup.nodegroup_name)
         for phase, group in gpu_groups.items():
             CfnOutput(self, f"{phase.title()}NodeGroup", value=group.nodegroup.nodegroup_name)
+        self.config = config
         self.cluster = cluster
         self.network = network
         self.gpu_groups = gpu_groups

@@ -1,0 +1,45 @@
+"""Shared fixtures: synthesizing an environment is the slow part, so each one is synthesized once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CONFIG_DIR = ROOT / "config"
+SHIPPED_ENVIRONMENTS = sorted(
+    p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local")
+)
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory):
+    """Synthesize an environment by name (once per session) and return (config, stack, template)."""
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    cache: dict[str, tuple] = {}
+
+    def get(env: str):
+        if env not in cache:
+            outdir = tmp_path_factory.mktemp(f"cdk-{env}")
+            app = build_app(str(CONFIG_DIR / f"{env}.yaml"), outdir=str(outdir))
+            stack = app.node.children[0]
+            cache[env] = (stack.config, stack, Template.from_stack(stack), app, outdir)
+        return cache[env]
+
+    return get
+
+
+@pytest.fixture
+def dev_data():
+    import yaml
+
+    return yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())

@@ -1,0 +1,186 @@
+"""The config schema: shipped files load, and each mistake gets a message naming field and fix."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+import pytest
+
+from config import versions
+from config.loader import ConfigError, config_path_for, load_config, parse_config
+from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS
+
+
+def problems_for(data: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source="test.yaml")
+    return str(caught.value)
+
+
+def test_shipped_environments_exist():
+    assert {"dev", "prod"} <= set(SHIPPED_ENVIRONMENTS)
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_every_shipped_config_loads(env):
+    config = load_config(CONFIG_DIR / f"{env}.yaml")
+    assert config.network.gpu_availability_zone in config.network.availability_zones
+    assert config.cluster.kubernetes_version == versions.DEFAULT_KUBERNETES_VERSION
+
+
+def test_models_are_frozen(dev_data):
+    config = parse_config(dev_data)
+    with pytest.raises(Exception):
+        config.name = "other"  # type: ignore[misc]
+
+
+def test_gpu_zone_outside_vpc_zones(dev_data):
+    dev_data["network"]["gpu_availability_zone"] = "us-east-2c"
+    message = problems_for(dev_data)
+    assert "network: gpu_availability_zone 'us-east-2c' is not one of availability_zones" in message
+    assert "pick one of those or add it" in message
+
+
+def test_instance_type_without_efa(dev_data):
+    dev_data["cluster"]["gpu_node_groups"]["decode"]["instance_type"] = "g6.xlarge"
+    message = problems_for(dev_data)
+    assert "cluster.gpu_node_groups.decode.instance_type: g6.xlarge does not support EFA" in message
+    assert "g6.8xlarge" in message
+
+
+def test_unknown_instance_type(dev_data):
+    dev_data["cluster"]["gpu_node_groups"]["prefill"]["instance_type"] = "x9.huge"
+    message = problems_for(dev_data)
+    assert "cluster.gpu_node_groups.prefill.instance_type: 'x9.huge' is not in the instance table" in message
+
+
+def test_cpu_instance_type_for_gpu_group(dev_data):
+    dev_data["cluster"]["gpu_node_groups"]["prefill"]["instance_type"] = "m7i.xlarge"
+    assert "m7i.xlarge has no GPU" in problems_for(dev_data)
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.31"])
+def test_kubernetes_version_eks_no_longer_creates(dev_data, version):
+    dev_data["cluster"]["kubernetes_version"] = version
+    message = problems_for(dev_data)
+    assert f"EKS no longer creates Kubernetes {version} clusters" in message
+    assert "use 1.36" in message
+
+
+def test_kubernetes_version_without_installed_layer(dev_data):
+    release = versions.KUBERNETES_RELEASES["1.35"]
+    assert release.end_of_extended_support > dt.date.today()
+    dev_data["cluster"]["kubernetes_version"] = "1.35"
+    message = problems_for(dev_data)
+    assert "needs the kubectl layer package aws-cdk.lambda-layer-kubectl-v35" in message
+
+
+def test_unknown_kubernetes_version(dev_data):
+    dev_data["cluster"]["kubernetes_version"] = "1.99"
+    assert "Kubernetes 1.99 is unknown" in problems_for(dev_data)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [(2, 1, 3), (1, 3, 2), (3, 2, 1)],
+    ids=["min>desired", "desired>max", "min>desired>max"],
+)
+def test_node_group_sizes_out_of_order(dev_data, sizes):
+    group = dev_data["cluster"]["gpu_node_groups"]["prefill"]
+    group["min_size"], group["desired_size"], group["max_size"] = sizes
+    message = problems_for(dev_data)
+    assert "cluster.gpu_node_groups.prefill: sizes must satisfy min_size <= desired_size <= max_size" in message
+
+
+def test_unknown_key_is_rejected_with_allowed_keys(dev_data):
+    dev_data["cluster"]["system_node_group"]["instanceType"] = "m7i.large"
+    message = problems_for(dev_data)
+    assert "cluster.system_node_group.instanceType: unknown key; remove it" in message
+    assert "instance_type" in message
+
+
+def test_unknown_top_level_key(dev_data):
+    dev_data["vpc"] = {}
+    assert "vpc: unknown key; remove it (allowed here: aws, charts, cluster" in problems_for(dev_data)
+
+
+@pytest.mark.parametrize("name", ["PD_Dev", "-dev", "dev-", "d" * 64])
+def test_name_must_be_dns_label(dev_data, name):
+    dev_data["name"] = name
+    message = problems_for(dev_data)
+    assert "name:" in message
+    assert ("DNS-1123 label" in message) or ("use at most 40" in message)
+
+
+def test_public_endpoint_needs_cidrs(dev_data):
+    dev_data["cluster"]["endpoint"]["public_cidrs"] = []
+    assert "cluster.endpoint: public is true but public_cidrs is empty" in problems_for(dev_data)
+
+
+def test_zones_must_be_in_region(dev_data):
+    dev_data["network"]["availability_zones"] = ["us-west-2a", "us-west-2b"]
+    dev_data["network"]["gpu_availability_zone"] = "us-west-2a"
+    assert "are not in aws.region us-east-2" in problems_for(dev_data)
+
+
+def test_vpc_needs_two_zones(dev_data):
+    dev_data["network"]["availability_zones"] = ["us-east-2a"]
+    assert "network.availability_zones" in problems_for(dev_data)
+
+
+def test_root_volume_too_small_for_serving_image(dev_data):
+    dev_data["cluster"]["gpu_node_groups"]["decode"]["root_volume_gib"] = 50
+    message = problems_for(dev_data)
+    assert "cluster.gpu_node_groups.decode.root_volume_gib" in message
+    assert "greater than or equal to 200" in message
+
+
+def test_missing_required_section(dev_data):
+    del dev_data["aws"]
+    assert "test.yaml: aws: required; add it" in problems_for(dev_data)
+
+
+def test_every_problem_is_reported_at_once(dev_data):
+    broken = copy.deepcopy(dev_data)
+    broken["name"] = "Bad_Name"
+    broken["cluster"]["kubernetes_version"] = "1.31"
+    message = problems_for(broken)
+    assert "name:" in message and "kubernetes_version" in message
+
+
+def test_unknown_environment_lists_known_ones():
+    with pytest.raises(ConfigError) as caught:
+        config_path_for("staging")
+    assert "no environment 'staging'; use one of dev, prod" in str(caught.value)
+
+
+def test_file_that_is_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "must hold a YAML mapping" in str(caught.value)
+
+
+def test_every_field_has_a_description():
+    from pydantic import BaseModel
+
+    from config.schema import AppConfig
+
+    seen, missing = set(), []
+
+    def walk(model: type[BaseModel]):
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(f"{model.__name__}.{name}")
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation)
+
+    walk(AppConfig)
+    assert len(seen) > 5
+    assert missing == []
