@@ -10,7 +10,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from config.schema import ClusterConfig
-from config.versions import KUBERNETES_RELEASES
+from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
 
 ALL_LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -48,6 +48,7 @@ class EksCluster(Construct):
         cluster_name: the EKS cluster name.
         vpc: the VPC; the control plane's ENIs go into ``subnets``.
         subnets: private subnets for the control plane's network interfaces.
+        load_balancer_controller: install the AWS Load Balancer Controller (for an internal NLB).
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class EksCluster(Construct):
         cluster_name: str,
         vpc: ec2.IVpc,
         subnets: list[ec2.ISubnet],
+        load_balancer_controller: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.secrets_key = kms.Key(
@@ -82,6 +84,13 @@ class EksCluster(Construct):
             bootstrap_self_managed_addons=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
                 kubectl_layer=kubectl_layer(self, config.kubernetes_version)
+            ),
+            alb_controller=(
+                eks.AlbControllerOptions(
+                    version=getattr(eks.AlbControllerVersion, AWS_LOAD_BALANCER_CONTROLLER)
+                )
+                if load_balancer_controller
+                else None
             ),
         )
         for index, principal in enumerate(config.admin_principals):

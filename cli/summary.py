@@ -37,6 +37,13 @@ def summarize(config_path: str, outdir: str) -> str:
             f"                  {name:<9} {group.instance_type:<13} "
             f"{group.min_size}/{group.desired_size}/{group.max_size:<13} {amis.get(name, '?')}"
         )
+    serving = config.serving
+    lines += [
+        f"  serving         {serving.mode}: {serving.model.model_id} ({serving.model.source}), "
+        f"max_model_len {serving.max_model_len}",
+        f"  image           {config.ray_service.image_for(config.aws.region)} "
+        f"(Ray {config.ray_service.ray_version})",
+    ]
     return "\n".join(lines)
 
 

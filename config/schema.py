@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config import catalog, versions
+from serve_app.spec import PHASES, ServingSpec
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 PLACEHOLDER_ACCOUNT = "000000000000"
@@ -284,9 +285,99 @@ class ChartVersions(StrictModel):
         description="Chart version of the KubeRay operator (its CRDs must match the RayService).",
         default=versions.KUBERAY_OPERATOR.version,
     )
-    aws_load_balancer_controller: str = Field(
-        description="Chart version of the AWS Load Balancer Controller (only with an NLB).",
-        default=versions.AWS_LOAD_BALANCER_CONTROLLER.version,
+
+
+VERSIONED_TAG = re.compile(r"(^|[^0-9])v?\d+\.\d+(\.\d+)?([^0-9]|$)")
+
+
+class HeadResources(StrictModel):
+    cpu: str = Field(default="2", description="CPU request (and limit) of the Ray head pod.")
+    memory: str = Field(default="8Gi", description="Memory request (and limit) of the Ray head pod.")
+
+
+class EndpointExposure(StrictModel):
+    internal_nlb: bool = Field(
+        default=False,
+        description=(
+            "Expose the OpenAI endpoint on an internal Network Load Balancer (installs the AWS "
+            "Load Balancer Controller). Off: cluster-internal only, reach it by port-forward."
+        ),
+    )
+    allowed_cidrs: list[str] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach the internal NLB (required when internal_nlb is on).",
+    )
+
+    @model_validator(mode="after")
+    def _cidrs(self) -> EndpointExposure:
+        for value in self.allowed_cidrs:
+            try:
+                ipaddress.ip_network(value)
+            except ValueError:
+                raise ValueError(f"allowed_cidrs: {value!r} is not a CIDR such as 10.0.0.0/8") from None
+        if self.internal_nlb and not self.allowed_cidrs:
+            raise ValueError(
+                "internal_nlb is on but allowed_cidrs is empty; list the CIDRs that may call the endpoint"
+            )
+        return self
+
+
+class RayServiceConfig(StrictModel):
+    namespace: str = Field(default="llm", description="Kubernetes namespace of the RayService.")
+    name: str = Field(default="pd-llm", description="Name of the RayService object.")
+    image: str = Field(
+        default=f"{versions.SERVING_IMAGE_REPOSITORY}:{versions.SERVING_IMAGE_TAG}",
+        description=(
+            "Serving image with Ray, vLLM, NIXL and the EFA userspace; `{region}` is replaced "
+            "by aws.region. Must carry a version tag or a digest."
+        ),
+    )
+    ray_version: str = Field(
+        default=versions.SERVING_IMAGE_RAY_VERSION,
+        description="The Ray version inside the image (KubeRay's rayVersion must equal it).",
+    )
+    head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod size.")
+    endpoint: EndpointExposure = Field(
+        default_factory=EndpointExposure, description="How clients reach the endpoint."
+    )
+
+    @field_validator("namespace", "name")
+    @classmethod
+    def _label(cls, value: str) -> str:
+        return dns_label(value)
+
+    @field_validator("image")
+    @classmethod
+    def _versioned(cls, value: str) -> str:
+        if "@sha256:" in value:
+            return value
+        repository, _, tag = value.rpartition(":")
+        if not repository or "/" in tag or not VERSIONED_TAG.search(tag):
+            raise ValueError(
+                f"image {value!r} has no version tag; pin a versioned tag such as "
+                f"{versions.SERVING_IMAGE_TAG} or a @sha256 digest (floating tags change under you)"
+            )
+        return value
+
+    def image_for(self, region: str) -> str:
+        return self.image.replace("{region}", region)
+
+
+class PlannerSettings(StrictModel):
+    max_transfer_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Largest share of prefill time that moving the KV cache may take before the plan warns.",
+    )
+    fail_on_transfer_share: bool = Field(
+        default=False, description="Fail synth (instead of warning) when the share is exceeded."
+    )
+    typical_prompt_tokens: int = Field(
+        default=4096, ge=1, description="Prompt length the verdict is judged at."
+    )
+    typical_output_tokens: int = Field(
+        default=256, ge=1, description="Output length the verdict is judged at."
     )
 
 
@@ -309,6 +400,13 @@ class AppConfig(StrictModel):
     tags: dict[str, str] = Field(
         description="Tags applied to every taggable resource.", default_factory=dict
     )
+    ray_service: RayServiceConfig = Field(
+        default_factory=RayServiceConfig, description="The RayService that runs the serving app."
+    )
+    serving: ServingSpec = Field(description="What is served and how (serve_app's spec).")
+    planner: PlannerSettings = Field(
+        default_factory=PlannerSettings, description="Thresholds of the deployment planner."
+    )
 
     @field_validator("name")
     @classmethod
@@ -326,6 +424,73 @@ class AppConfig(StrictModel):
                 f"network.availability_zones {foreign} are not in aws.region {region}; use "
                 f"zones such as {region}a, {region}b"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _production_endpoint(self) -> AppConfig:
+        endpoint = self.cluster.endpoint
+        if self.production and endpoint.public and any(
+            ipaddress.ip_network(c).prefixlen == 0 for c in endpoint.public_cidrs
+        ):
+            raise ValueError(
+                "cluster.endpoint.public_cidrs contains 0.0.0.0/0 in a production environment; "
+                "list your own CIDRs or set cluster.endpoint.public: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _egress_for_images_and_models(self) -> AppConfig:
+        if self.network.nat_gateways:
+            return self
+        needed = {"ecr.api", "ecr.dkr", "sts", "eks", "eks-auth", "logs"}
+        missing = sorted(needed - set(self.network.interface_endpoints))
+        if missing:
+            raise ValueError(
+                "network.nat_gateways is 0, so private nodes reach AWS only through endpoints; add "
+                f"{', '.join(missing)} to network.interface_endpoints or set nat_gateways: 1"
+            )
+        if not self.serving.model.is_s3:
+            raise ValueError(
+                "network.nat_gateways is 0, so nodes cannot download from Hugging Face; mirror the "
+                "model to S3 and set serving.model.source to its s3:// URI, or set nat_gateways: 1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _serving_fits_node_groups(self) -> AppConfig:
+        serving = self.serving
+        if serving.device != "cuda":
+            raise ValueError(
+                "serving.device is cpu, which only `make local` runs; the cluster needs device: cuda"
+            )
+        groups = self.cluster.gpu_node_groups
+        phases = PHASES if serving.mode == "disaggregated" else ("colocated",)
+        for phase in phases:
+            spec = serving.phase(phase)
+            nodes = [getattr(groups, p) for p in (PHASES if phase == "colocated" else (phase,))]
+            for group in nodes:
+                facts = catalog.INSTANCES[group.instance_type]
+                if spec.tensor_parallel_size > facts.gpu_count:
+                    raise ValueError(
+                        f"serving.{phase}.tensor_parallel_size={spec.tensor_parallel_size} needs more "
+                        f"GPUs than {group.instance_type} has ({facts.gpu_count}); lower it or use a "
+                        "larger instance type"
+                    )
+                if serving.kv_transfer.buffer_device == "cuda" and not facts.gpudirect_rdma:
+                    raise ValueError(
+                        f"serving.kv_transfer.buffer_device is cuda but {group.instance_type} has no "
+                        "GPUDirect RDMA; set buffer_device: cpu (KV staged in host memory)"
+                    )
+            capacity = sum(
+                g.max_size * (catalog.INSTANCES[g.instance_type].gpu_count // spec.tensor_parallel_size)
+                for g in nodes
+            )
+            if spec.max_replicas > capacity:
+                raise ValueError(
+                    f"serving.{phase}.max_replicas={spec.max_replicas} can never be scheduled: the "
+                    f"node group holds at most {capacity} replicas of TP {spec.tensor_parallel_size}; "
+                    "lower max_replicas or raise the node group's max_size"
+                )
         return self
 
     @property

@@ -74,8 +74,19 @@ KUBERAY_OPERATOR = HelmChartPin(
     repository="https://ray-project.github.io/kuberay-helm/",
     version="1.7.0",
 )
-AWS_LOAD_BALANCER_CONTROLLER = HelmChartPin(
-    chart="aws-load-balancer-controller",
-    repository="https://aws.github.io/eks-charts",
-    version="3.5.0",
-)
+# Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),
+# which ships the controller's IAM policy for the versions it knows; newest known to 2.275.0.
+AWS_LOAD_BALANCER_CONTROLLER = "V3_2_2"
+
+# The AWS Ray LLM Deep Learning Container of the reference design: Ray 2.58.0, vLLM 0.26.0,
+# NIXL and the EFA userspace stack (https://github.com/aws/deep-learning-containers,
+# docs/ray-llm/changelog). Pulled from the regional DLC registry so that the pull goes through
+# the VPC's ECR endpoints instead of the NAT gateway. `rayVersion` must equal the Ray inside.
+SERVING_IMAGE_REPOSITORY = "763104351884.dkr.ecr.{region}.amazonaws.com/ray"
+SERVING_IMAGE_TAG = "serve-llm-cuda-v1.0.0"
+SERVING_IMAGE_RAY_VERSION = "2.58.0"
+SERVING_IMAGE_VLLM_VERSION = "0.26.0"
+
+# What the Python tests and `make local` run. The package index has no vLLM CPU build that pairs
+# with Ray 2.58's vLLM pin on this CPU PyTorch, so the tests run the newer Ray below; see README.
+TEST_RAY_VERSION = "2.60.0"

@@ -10,6 +10,7 @@ from constructs import Construct
 from cdk_constructs import addons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.network import Network
+from cdk_constructs.ray_service import RayServiceApp
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.schema import AppConfig
 
@@ -26,6 +27,7 @@ class PdServingStack(Stack):
             cluster_name=config.cluster_name,
             vpc=network.vpc,
             subnets=network.private_subnets,
+            load_balancer_controller=config.ray_service.endpoint.internal_nlb,
         )
         cluster = eks_cluster.cluster
         cni = eks_cluster.addons["vpc-cni"]
@@ -62,7 +64,7 @@ class PdServingStack(Stack):
         self.kuberay = addons.kuberay_operator(
             self, cluster=cluster, version=charts.kuberay_operator
         )
-        # The RayService (serving app) is added on top of self.kuberay by the serving construct.
+        serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
 
         CfnOutput(self, "ClusterName", value=cluster.cluster_name)
         CfnOutput(
@@ -73,7 +75,11 @@ class PdServingStack(Stack):
         CfnOutput(self, "SystemNodeGroup", value=system.nodegroup.nodegroup_name)
         for phase, group in gpu_groups.items():
             CfnOutput(self, f"{phase.title()}NodeGroup", value=group.nodegroup.nodegroup_name)
+        CfnOutput(self, "PortForwardCommand", value=serving.port_forward_command)
+        CfnOutput(self, "OpenAiBaseUrl", value="http://127.0.0.1:8000/v1 (after the port-forward)")
+        CfnOutput(self, "ServedModel", value=config.serving.model.model_id)
         self.config = config
         self.cluster = cluster
+        self.serving = serving
         self.network = network
         self.gpu_groups = gpu_groups

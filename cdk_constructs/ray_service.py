@@ -1,0 +1,90 @@
+"""The serving app on the cluster: serve_app as an S3 asset, a Pod Identity role, the RayService."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from cdk_constructs.ray_service_manifest import ray_service
+from config.schema import AppConfig
+from serve_app.serve_config import SERVE_PORT, serve_config_yaml
+
+SERVE_APP_DIR = Path(__file__).resolve().parent.parent / "serve_app"
+SERVICE_ACCOUNT = "ray-serve"
+
+
+def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
+    """A directory holding ``serve_app/`` itself, so that the zip's root is an importable parent.
+
+    Ray unpacks ``working_dir`` and imports ``serve_app.app`` from its root; zipping serve_app's
+    own folder would put its modules at the root instead.
+    """
+    staging = Path(tempfile.mkdtemp(prefix="serve-app-"))
+    shutil.copytree(
+        source, staging / "serve_app", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    return staging
+
+
+class RayServiceApp(Construct):
+    """The RayService that serves ``serve_app`` with the environment's serving spec.
+
+    Args:
+        cluster: the EKS cluster.
+        config: the environment's config (ray_service and serving sections are used).
+        operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
+    """
+
+    def __init__(
+        self, scope: Construct, id_: str, *, cluster: eks.Cluster, config: AppConfig, operator: Construct
+    ) -> None:
+        super().__init__(scope, id_)
+        rs = config.ray_service
+        self.namespace = cluster.add_manifest(
+            "Namespace",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": rs.namespace}},
+        )
+        self.service_account = cluster.add_service_account(
+            "ServiceAccount",
+            name=SERVICE_ACCOUNT,
+            namespace=rs.namespace,
+            identity_type=eks.IdentityType.POD_IDENTITY,
+        )
+        self.service_account.node.add_dependency(self.namespace)
+
+        # A content hash names the object, so any change to serve_app rolls out on the next deploy.
+        self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app()))
+        self.code.grant_read(self.service_account)
+        self._grant_model_access(config)
+
+        self.serve_config_v2 = serve_config_yaml(config.serving, working_dir=self.code.s3_object_url)
+        self.manifest_body = ray_service(
+            config, serve_config_v2=self.serve_config_v2, service_account=SERVICE_ACCOUNT
+        )
+        self.manifest = cluster.add_manifest("RayService", self.manifest_body)
+        self.manifest.node.add_dependency(operator)
+        self.manifest.node.add_dependency(self.service_account)
+        self.serve_service_name = f"{rs.name}-serve-svc"
+        self.port_forward_command = (
+            f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
+        )
+
+    def _grant_model_access(self, config: AppConfig) -> None:
+        model = config.serving.model
+        if model.hf_token_secret:
+            if model.hf_token_secret.startswith("arn:"):
+                secret = secretsmanager.Secret.from_secret_complete_arn(self, "HfToken", model.hf_token_secret)
+            else:
+                secret = secretsmanager.Secret.from_secret_name_v2(self, "HfToken", model.hf_token_secret)
+            secret.grant_read(self.service_account)
+        if model.is_s3:
+            bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")
+            bucket = s3.Bucket.from_bucket_name(self, "ModelBucket", bucket_name)
+            bucket.grant_read(self.service_account, f"{prefix.rstrip('/')}/*" if prefix else "*")

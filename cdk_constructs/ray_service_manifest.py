@@ -1,0 +1,167 @@
+"""The RayService manifest as data, built from the config; no CDK here so tests validate it alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdk_constructs.node_groups import EFA_TAINT_KEY, GPU_TAINT_KEY, PHASE_LABEL, ROLE_LABEL
+from config import catalog
+from config.schema import AppConfig
+from serve_app.serve_config import SERVE_PORT
+from serve_app.spec import PHASE_RESOURCE, PHASES
+
+NIXL_SIDE_CHANNEL_PORT_BASE = {"prefill": 20000, "decode": 22000}
+METRICS_PORT = 8080
+# Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
+NODE_RESERVED_CPUS = 4
+NODE_MEMORY_SHARE = 0.8
+
+
+def _gpu_tolerations() -> list[dict[str, str]]:
+    return [
+        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": EFA_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+
+
+def _pod_ip_env(name: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[str, Any]:
+    head = config.ray_service.head
+    resources = {"cpu": head.cpu, "memory": head.memory}
+    return {
+        # The head schedules no replicas: it runs the Serve controller and the proxy only.
+        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeSelector": {ROLE_LABEL: "system"},
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": image,
+                        "resources": {"requests": resources, "limits": resources},
+                        # The NVIDIA container hook fails on nodes without a driver otherwise.
+                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                        "ports": [
+                            {"containerPort": 6379, "name": "gcs-server"},
+                            {"containerPort": 8265, "name": "dashboard"},
+                            {"containerPort": 10001, "name": "client"},
+                            {"containerPort": SERVE_PORT, "name": "serve"},
+                            {"containerPort": METRICS_PORT, "name": "metrics"},
+                        ],
+                        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
+                    }
+                ],
+            }
+        },
+    }
+
+
+def worker_group(config: AppConfig, phase: str, *, image: str, service_account: str) -> dict[str, Any]:
+    group = getattr(config.cluster.gpu_node_groups, phase)
+    facts = catalog.INSTANCES[group.instance_type]
+    cpus = max(1, facts.vcpus - NODE_RESERVED_CPUS)
+    memory_gib = int(facts.memory_gib * NODE_MEMORY_SHARE)
+    # Half of the pod's memory may back /dev/shm: NIXL stages KV blocks there when the buffer
+    # device is cpu, and vLLM's workers exchange tensors through it.
+    shm_gib = memory_gib // 2
+    resources = {
+        "cpu": str(cpus),
+        "memory": f"{memory_gib}Gi",
+        "nvidia.com/gpu": str(facts.gpu_count),
+        "vpc.amazonaws.com/efa": str(facts.efa_interfaces),
+    }
+    side_channel = NIXL_SIDE_CHANNEL_PORT_BASE[phase]
+    return {
+        "groupName": f"{phase}-gpu",
+        "replicas": group.desired_size,
+        "minReplicas": group.min_size,
+        "maxReplicas": group.max_size,
+        "rayStartParams": {"num-gpus": str(facts.gpu_count), "num-cpus": str(cpus)},
+        "resources": {PHASE_RESOURCE[phase]: "1"},
+        "template": {
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeSelector": {ROLE_LABEL: "gpu", PHASE_LABEL: phase},
+                "tolerations": _gpu_tolerations(),
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": image,
+                        "resources": {"requests": resources, "limits": resources},
+                        "env": [
+                            {"name": "FI_PROVIDER", "value": "efa"},
+                            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+                            _pod_ip_env("VLLM_HOST_IP"),
+                        ],
+                        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                        "ports": [
+                            {"containerPort": side_channel, "name": "nixl-side"},
+                            {"containerPort": METRICS_PORT, "name": "metrics"},
+                        ],
+                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    }
+                ],
+                "volumes": [
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}
+                ],
+            }
+        },
+    }
+
+
+def serve_service(config: AppConfig) -> dict[str, Any] | None:
+    exposure = config.ray_service.endpoint
+    if not exposure.internal_nlb:
+        return None
+    return {
+        "metadata": {
+            "name": f"{config.ray_service.name}-serve-nlb",
+            "annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+                "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+                "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+            },
+        },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerSourceRanges": list(exposure.allowed_cidrs),
+            "ports": [{"name": "serve", "port": SERVE_PORT, "targetPort": SERVE_PORT}],
+        },
+    }
+
+
+def ray_service(
+    config: AppConfig, *, serve_config_v2: str, service_account: str
+) -> dict[str, Any]:
+    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec."""
+    rs = config.ray_service
+    image = rs.image_for(config.aws.region)
+    spec: dict[str, Any] = {
+        "serveConfigV2": serve_config_v2,
+        # A change to the cluster spec brings up a new RayCluster and moves traffic once its
+        # Serve app is healthy; the old one keeps serving in-flight requests for the delay.
+        "upgradeStrategy": {"type": "NewCluster"},
+        "rayClusterDeletionDelaySeconds": 120,
+        "rayClusterConfig": {
+            "rayVersion": rs.ray_version,
+            "enableInTreeAutoscaling": True,
+            "headGroupSpec": head_group(config, image=image, service_account=service_account),
+            "workerGroupSpecs": [
+                worker_group(config, phase, image=image, service_account=service_account)
+                for phase in PHASES
+            ],
+        },
+    }
+    service = serve_service(config)
+    if service:
+        spec["serveService"] = service
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": rs.name, "namespace": rs.namespace, "labels": {"app.kubernetes.io/name": rs.name}},
+        "spec": spec,
+    }

@@ -1,0 +1,32 @@
+"""The Ray Serve config (``serve deploy`` YAML, the RayService's ``serveConfigV2``) of a spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from serve_app.spec import ServingSpec
+
+IMPORT_PATH = "serve_app.app:build_app"
+SERVE_PORT = 8000
+
+
+def serve_config(spec: ServingSpec, *, working_dir: str | None = None) -> dict[str, Any]:
+    """One application whose args are the spec itself, so they parse back into it unchanged."""
+    application: dict[str, Any] = {
+        "name": spec.app_name,
+        "route_prefix": "/",
+        "import_path": IMPORT_PATH,
+        "args": spec.model_dump(mode="json"),
+    }
+    if working_dir:
+        application["runtime_env"] = {"working_dir": working_dir}
+    return {
+        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
+        "applications": [application],
+    }
+
+
+def serve_config_yaml(spec: ServingSpec, *, working_dir: str | None = None) -> str:
+    return yaml.safe_dump(serve_config(spec, working_dir=working_dir), sort_keys=False)

@@ -1,0 +1,301 @@
+"""What is served, as one pydantic model used by Python, the Serve YAML and the RayService.
+
+:class:`ServingSpec` is the ``args`` of the Serve application: the RayService's
+``serveConfigV2`` carries ``ServingSpec.model_dump(mode="json")`` and ``build_app`` parses it back.
+Everything vLLM and Ray Serve LLM need (``LLMConfig`` dicts) is derived here, in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PHASES = ("prefill", "decode")
+
+# Ray custom resources that each worker group advertises; every placement bundle of a phase asks
+# for a sliver of its phase's resource, so replicas can only land on that phase's nodes.
+PHASE_RESOURCE = {"prefill": "pd_prefill", "decode": "pd_decode"}
+PHASE_RESOURCE_PER_BUNDLE = 0.001
+
+# Keys of engine_kwargs that the spec manages itself; setting them twice would be ambiguous.
+MANAGED_ENGINE_KWARGS = {
+    "kv_transfer_config": "kv_transfer",
+    "tensor_parallel_size": "<phase>.tensor_parallel_size",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "model": "model.source",
+    "served_model_name": "model.model_id",
+    "device": "device",
+}
+
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+class SpecModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(SpecModel):
+    model_id: str = Field(
+        description="Name clients use in the OpenAI `model` field, e.g. qwen2.5-7b-instruct.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+    )
+    source: str = Field(
+        description=(
+            "Where the weights come from: a Hugging Face repo id (Qwen/Qwen2.5-7B-Instruct), an "
+            "S3 mirror (s3://bucket/prefix) or, locally, a directory path."
+        )
+    )
+    hf_token_secret: str | None = Field(
+        default=None,
+        description=(
+            "Name or ARN of an AWS Secrets Manager secret that holds a Hugging Face token, for "
+            "gated models. Only the name travels; the value is read at runtime on the cluster."
+        ),
+    )
+    gated: bool = Field(
+        default=False,
+        description="The Hugging Face repo requires accepting a licence and a token.",
+    )
+    config_json: str | None = Field(
+        default=None,
+        description="Local config.json of the model, for the planner when the model is not in its table.",
+    )
+
+    @property
+    def is_s3(self) -> bool:
+        return self.source.startswith("s3://")
+
+    @model_validator(mode="after")
+    def _token_for_gated(self) -> ModelSpec:
+        if self.gated and not self.hf_token_secret and not self.is_s3:
+            raise ValueError(
+                f"model {self.source} is gated but hf_token_secret is not set: store a Hugging "
+                "Face token in AWS Secrets Manager and set serving.model.hf_token_secret to its name"
+            )
+        if self.is_s3 and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", self.source):
+            raise ValueError(f"source {self.source!r} is not an S3 URI such as s3://bucket/models/qwen")
+        return self
+
+
+class KvTransferSpec(SpecModel):
+    connector: Literal["NixlConnector"] = Field(
+        default="NixlConnector", description="vLLM KV connector that moves KV from prefill to decode."
+    )
+    backend: Literal["LIBFABRIC", "UCX"] = Field(
+        default="LIBFABRIC",
+        description=(
+            "NIXL backend. LIBFABRIC uses EFA's provider; UCX is the fallback (on EFA it runs at "
+            "TCP speed) and what the CPU build uses over loopback."
+        ),
+    )
+    buffer_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description=(
+            "Where NIXL stages KV blocks. `cpu` (host memory) is required on instances without "
+            "GPUDirect RDMA, such as g6; `cuda` needs GPUDirect RDMA (p4d, p5)."
+        ),
+    )
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description=(
+            "What decode does when a KV transfer fails or times out: recompute the prompt "
+            "locally (slower, but the request completes) or fail the request with an error."
+        ),
+    )
+    side_channel_host: str | None = Field(
+        default=None,
+        description=(
+            "Address NIXL's handshake listens on. Unset on the cluster (Ray uses the node IP); "
+            "127.0.0.1 on a laptop."
+        ),
+    )
+
+
+class PhaseSpec(SpecModel):
+    min_replicas: int = Field(default=1, ge=0, description="Fewest engine replicas (Serve autoscaling).")
+    max_replicas: int = Field(default=1, ge=1, description="Most engine replicas (Serve autoscaling).")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per engine replica.")
+    target_ongoing_requests: int = Field(
+        default=16, ge=1, description="Requests per replica that Serve autoscaling aims for."
+    )
+    cpus_per_replica: float = Field(
+        default=4, gt=0, description="Ray CPUs reserved with each replica's first bundle."
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra vLLM engine arguments for this phase (e.g. enforce_eager, max_num_seqs).",
+    )
+
+    @model_validator(mode="after")
+    def _replicas(self) -> PhaseSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas}); "
+                "raise max_replicas or lower min_replicas"
+            )
+        return self
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _unmanaged(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key in MANAGED_ENGINE_KWARGS:
+                raise ValueError(
+                    f"engine_kwargs.{key} is set by the spec; use serving.{MANAGED_ENGINE_KWARGS[key]} instead"
+                )
+        return value
+
+
+class ServingSpec(SpecModel):
+    mode: Literal["disaggregated", "colocated"] = Field(
+        default="disaggregated",
+        description=(
+            "disaggregated: prefill and decode engines on their own nodes, KV moved by NIXL. "
+            "colocated: one engine does both (the A/B baseline and the fallback)."
+        ),
+    )
+    app_name: str = Field(
+        default="llm", description="Name of the Serve application.", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$"
+    )
+    model: ModelSpec = Field(description="The one model served.")
+    max_model_len: int = Field(default=8192, ge=16, description="Longest prompt + output in tokens.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Weight and activation dtype."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.1, le=0.98, description="Share of GPU memory vLLM may use (weights + KV cache)."
+    )
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="Where engines run. `cpu` is the laptop/CI run with the vLLM CPU build.",
+    )
+    prefill: PhaseSpec = Field(default_factory=PhaseSpec, description="Prefill engines.")
+    decode: PhaseSpec = Field(default_factory=PhaseSpec, description="Decode engines.")
+    colocated: PhaseSpec = Field(
+        default_factory=PhaseSpec, description="The engines of colocated mode (either GPU group)."
+    )
+    kv_transfer: KvTransferSpec = Field(
+        default_factory=KvTransferSpec, description="How KV moves between phases."
+    )
+    prewarm_nixl: bool = Field(
+        default=True,
+        description="Send a dummy request through every prefill replica at start-up so the NIXL "
+        "handshake is done before the first user request.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables for every engine replica (never secrets).",
+    )
+
+    @model_validator(mode="after")
+    def _device_consistency(self) -> ServingSpec:
+        if self.device == "cpu" and self.kv_transfer.buffer_device == "cuda":
+            raise ValueError(
+                "kv_transfer.buffer_device is cuda but device is cpu; set kv_transfer.buffer_device: cpu"
+            )
+        for key in self.env_vars:
+            if re.search(r"TOKEN|SECRET|PASSWORD|KEY", key, re.IGNORECASE):
+                raise ValueError(
+                    f"env_vars.{key} looks like a secret; secrets never go into the serve config "
+                    "(use model.hf_token_secret for a Hugging Face token)"
+                )
+        return self
+
+    # -- what Ray Serve LLM receives ------------------------------------------------------------
+
+    def phase(self, name: str) -> PhaseSpec:
+        return getattr(self, name)
+
+    def placement_bundles(self, phase: str) -> list[dict[str, float]]:
+        spec = self.phase(phase)
+        resource = PHASE_RESOURCE.get(phase)
+        bundles = []
+        for index in range(spec.tensor_parallel_size):
+            bundle: dict[str, float] = {"CPU": spec.cpus_per_replica if index == 0 else 1}
+            if self.device == "cuda":
+                bundle["GPU"] = 1
+            if resource:
+                bundle[resource] = PHASE_RESOURCE_PER_BUNDLE
+            bundles.append(bundle)
+        return bundles
+
+    def kv_transfer_config(self, phase: str) -> dict[str, Any]:
+        kv = self.kv_transfer
+        return {
+            "kv_connector": kv.connector,
+            "kv_role": KV_ROLE[phase],
+            "kv_buffer_device": kv.buffer_device,
+            "kv_load_failure_policy": kv.load_failure_policy,
+            "kv_connector_extra_config": {"backends": [kv.backend]},
+        }
+
+    def engine_kwargs(self, phase: str) -> dict[str, Any]:
+        spec = self.phase(phase)
+        kwargs: dict[str, Any] = {
+            "max_model_len": self.max_model_len,
+            "dtype": self.dtype,
+            "tensor_parallel_size": spec.tensor_parallel_size,
+        }
+        if self.device == "cuda":
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if phase in KV_ROLE:
+            kwargs["kv_transfer_config"] = self.kv_transfer_config(phase)
+        kwargs.update(spec.engine_kwargs)
+        return kwargs
+
+    def runtime_env(self) -> dict[str, Any]:
+        env = dict(self.env_vars)
+        if self.kv_transfer.side_channel_host:
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.kv_transfer.side_channel_host
+        return {"env_vars": env} if env else {}
+
+    def model_loading_config(self) -> dict[str, Any]:
+        source: Any = {"bucket_uri": self.model.source} if self.model.is_s3 else self.model.source
+        return {"model_id": self.model.model_id, "model_source": source}
+
+    def llm_config(self, phase: str) -> dict[str, Any]:
+        """The ``ray.serve.llm.LLMConfig`` dict of one phase (``prefill``, ``decode``, ``colocated``)."""
+        spec = self.phase(phase)
+        config: dict[str, Any] = {
+            "model_loading_config": self.model_loading_config(),
+            "engine_kwargs": self.engine_kwargs(phase),
+            "placement_group_config": {
+                "bundles": self.placement_bundles(phase),
+                "strategy": "STRICT_PACK" if spec.tensor_parallel_size > 1 else "PACK",
+            },
+            "deployment_config": {
+                "autoscaling_config": {
+                    "min_replicas": spec.min_replicas,
+                    "max_replicas": spec.max_replicas,
+                    "target_ongoing_requests": spec.target_ongoing_requests,
+                },
+            },
+            "log_engine_metrics": True,
+        }
+        runtime_env = self.runtime_env()
+        if runtime_env:
+            config["runtime_env"] = runtime_env
+        if phase == "decode" and self.prewarm_nixl:
+            config["experimental_configs"] = {"_prewarm_prefill_decode": True}
+        return config
+
+    def builder_args(self) -> tuple[str, dict[str, Any]]:
+        """(Ray builder name, its argument dict) for this spec's mode."""
+        if self.mode == "disaggregated":
+            return "build_pd_openai_app", {
+                "prefill_config": self.llm_config("prefill"),
+                "decode_config": self.llm_config("decode"),
+            }
+        return "build_openai_app", {"llm_configs": [self.llm_config("colocated")]}
+
+
+def load_spec(path: str) -> ServingSpec:
+    """Reads a serving spec from YAML (a file whose top level is the spec)."""
+    import yaml
+
+    with open(path) as handle:
+        return ServingSpec.model_validate(yaml.safe_load(handle))

@@ -1,0 +1,278 @@
+"""The RayService: its manifest against KubeRay's own CRD schema, and its CDK wiring."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import jsonschema
+import pytest
+import yaml
+from aws_cdk.assertions import Match
+
+from cdk_constructs.ray_service_manifest import ray_service
+from config.loader import parse_config
+from serve_app.serve_config import IMPORT_PATH, serve_config_yaml
+from serve_app.spec import ServingSpec
+from tests.conftest import CONFIG_DIR, ROOT, SHIPPED_ENVIRONMENTS
+
+CRD_PATH = ROOT.parent / "shared" / "reference" / "kuberay-crds" / "ray.io_rayservices.yaml"
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema():
+    if not CRD_PATH.is_file():
+        pytest.fail(f"KubeRay CRD not found at {CRD_PATH}; the tests read it from ../shared")
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = copy.deepcopy(v1["schema"]["openAPIV3Schema"])
+    _strict(schema)
+    return schema
+
+
+def _strict(schema: dict) -> None:
+    """The CRD's structural schema, made to reject unknown fields as the API server prunes them."""
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "object" and "properties" in schema and not schema.get(
+        "x-kubernetes-preserve-unknown-fields"
+    ):
+        schema.setdefault("additionalProperties", False)
+    for key in ("properties", "patternProperties"):
+        for child in schema.get(key, {}).values():
+            _strict(child)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            _strict(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        for child in schema.get(key, []):
+            _strict(child)
+
+
+def validate(schema, manifest) -> None:
+    body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")}
+    jsonschema.validate(body, schema)
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+
+
+def manifest_for(env: str, **changes):
+    data = yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text())
+    for path, value in changes.items():
+        target = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    config = parse_config(data)
+    return config, ray_service(
+        config,
+        serve_config_v2=serve_config_yaml(config.serving, working_dir="s3://bucket/code.zip"),
+        service_account="ray-serve",
+    )
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_manifest_validates_against_kuberay_crd(rayservice_schema, env):
+    _, manifest = manifest_for(env)
+    validate(rayservice_schema, manifest)
+
+
+def test_manifest_with_internal_nlb_validates(rayservice_schema):
+    _, manifest = manifest_for(
+        "dev", **{"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"]}}
+    )
+    validate(rayservice_schema, manifest)
+    service = manifest["spec"]["serveService"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "why"),
+    [
+        (lambda m: m["spec"]["rayClusterConfig"]["workerGroupSpecs"][0].pop("groupName"), "groupName"),
+        (lambda m: m["spec"]["rayClusterConfig"]["headGroupSpec"].pop("template"), "template"),
+        (lambda m: m["spec"]["rayClusterConfig"].update(workerGroupSpecs={}), "is not of type 'array'"),
+        (lambda m: m["spec"].update(serveConfig={"importPath": "x"}), "serveConfig"),
+        (lambda m: m["spec"]["rayClusterConfig"]["workerGroupSpecs"][1].update(maxReplicas="2"), "'2' is not of type 'integer'"),
+    ],
+    ids=["no-group-name", "no-head-template", "groups-not-a-list", "unknown-field", "string-replicas"],
+)
+def test_schema_check_catches_broken_manifests(rayservice_schema, breakage, why):
+    _, manifest = manifest_for("dev")
+    breakage(manifest)
+    with pytest.raises(jsonschema.ValidationError, match=re.escape(why)):
+        validate(rayservice_schema, manifest)
+
+
+def test_ray_version_matches_image():
+    config, manifest = manifest_for("dev")
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == "2.58.0"
+    images = {
+        c["image"]
+        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        for c in group["template"]["spec"]["containers"]
+    }
+    assert images == {"763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:serve-llm-cuda-v1.0.0"}
+
+
+def test_head_runs_on_system_node_without_gpus():
+    _, manifest = manifest_for("dev")
+    head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    pod = head["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "system"}
+    (container,) = pod["containers"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+    assert {"containerPort": 8000, "name": "serve"} in container["ports"]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_worker_group_pinned_to_its_phase(phase):
+    _, manifest = manifest_for("dev")
+    (group,) = [
+        g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == f"{phase}-gpu"
+    ]
+    assert group["resources"] == {f"pd_{phase}": "1"}
+    assert (group["minReplicas"], group["replicas"], group["maxReplicas"]) == (1, 1, 2)
+    pod = group["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "gpu", "pd-serving/phase": phase}
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "aws.amazon.com/efa"}
+    (container,) = pod["containers"]
+    limits = container["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and limits["vpc.amazonaws.com/efa"] == "1"
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FI_PROVIDER"]["value"] == "efa"
+    assert env["VLLM_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    port = {"prefill": 20000, "decode": 22000}[phase]
+    assert {"containerPort": port, "name": "nixl-side"} in container["ports"]
+
+
+def test_serve_config_v2_is_one_app_whose_args_are_the_spec():
+    config, manifest = manifest_for("dev")
+    serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve["applications"]
+    assert app["import_path"] == IMPORT_PATH
+    assert app["runtime_env"] == {"working_dir": "s3://bucket/code.zip"}
+    assert ServingSpec.model_validate(app["args"]) == config.serving
+
+
+def test_upgrade_strategy_keeps_endpoint_up():
+    _, manifest = manifest_for("dev")
+    assert manifest["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    assert manifest["spec"]["rayClusterDeletionDelaySeconds"] > 0
+
+
+# CDK wiring --------------------------------------------------------------------------------------
+
+
+def _manifests(template) -> list[dict]:
+    found = []
+    for resource in template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values():
+        body = resource["Properties"]["Manifest"]
+        text = body if isinstance(body, str) else json.dumps(body)
+        found.append({"raw": text, "resource": resource})
+    return found
+
+
+def test_rayservice_manifest_depends_on_kuberay_and_service_account(synthesized):
+    _, stack, template, _, _ = synthesized("dev")
+    resources = template.to_json()["Resources"]
+    (rayservice_id,) = [
+        k for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource" and "RayService" in json.dumps(r["Properties"]["Manifest"])
+    ]
+    depends = resources[rayservice_id].get("DependsOn", [])
+    kuberay_chart = [k for k, r in resources.items() if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Chart"] == "kuberay-operator"]
+    assert kuberay_chart[0] in depends
+    assert any("ServiceAccount" in d for d in depends)
+
+
+def test_serve_app_is_an_asset_read_through_pod_identity(synthesized):
+    _, stack, template, _, outdir = synthesized("dev")
+    template.has_resource_properties(
+        "AWS::EKS::PodIdentityAssociation",
+        {"Namespace": "llm", "ServiceAccount": "ray-serve"},
+    )
+    serve_config = stack.serving.serve_config_v2
+    url = yaml.safe_load(serve_config)["applications"][0]["runtime_env"]["working_dir"]
+    assert re.match(r"^s3://cdk-[a-z0-9]+-assets-000000000000-us-east-2/[0-9a-f]{64}\.zip$", url)
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert "s3:GetObject*" in policies
+    assets = json.loads((outdir / "pd-dev-pd-serving.assets.json").read_text())["files"]
+    asset_hash = url.rsplit("/", 1)[1].removesuffix(".zip")
+    assert asset_hash in assets
+
+
+def test_serve_app_change_changes_the_asset(tmp_path):
+    from cdk_constructs.ray_service import SERVE_APP_DIR, stage_serve_app
+
+    copy_dir = tmp_path / "serve_app"
+    import shutil
+
+    shutil.copytree(SERVE_APP_DIR, copy_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    first = stage_serve_app(copy_dir)
+    (copy_dir / "app.py").write_text((copy_dir / "app.py").read_text() + "\n# changed\n")
+    second = stage_serve_app(copy_dir)
+    assert (first / "serve_app" / "app.py").read_text() != (second / "serve_app" / "app.py").read_text()
+    assert (first / "serve_app" / "spec.py").is_file()
+    assert not list(first.rglob("__pycache__"))
+
+
+def test_gated_model_secret_is_granted_not_embedded(tmp_path):
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {
+        "model_id": "llama-3.1-8b",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "gated": True,
+        "hf_token_secret": "pd-serving/hf-token",
+    }
+    path = tmp_path / "gated.yaml"
+    path.write_text(yaml.safe_dump(data))
+    app = build_app(str(path), outdir=str(tmp_path / "out"))
+    template = Template.from_stack(app.node.children[0])
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert "secretsmanager:GetSecretValue" in policies
+    assert "secret:pd-serving/hf-token" in policies
+    serve_config = app.node.children[0].serving.serve_config_v2
+    assert "hf_token_secret: pd-serving/hf-token" in serve_config
+    assert "HF_TOKEN" not in serve_config
+
+
+def test_s3_mirrored_model_is_readable(tmp_path):
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {"model_id": "qwen", "source": "s3://my-models/qwen2.5-7b"}
+    path = tmp_path / "s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    app = build_app(str(path), outdir=str(tmp_path / "out"))
+    template = Template.from_stack(app.node.children[0])
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert "my-models/qwen2.5-7b/*" in policies
+    serve_config = yaml.safe_load(app.node.children[0].serving.serve_config_v2)
+    spec = ServingSpec.model_validate(serve_config["applications"][0]["args"])
+    assert spec.llm_config("decode")["model_loading_config"]["model_source"] == {
+        "bucket_uri": "s3://my-models/qwen2.5-7b"
+    }
+
+
+def test_outputs_port_forward_and_base_url(synthesized):
+    _, _, template, _, _ = synthesized("dev")
+    outputs = template.to_json()["Outputs"]
+    assert outputs["PortForwardCommand"]["Value"] == "kubectl -n llm port-forward svc/pd-llm-serve-svc 8000:8000"
+    assert outputs["OpenAiBaseUrl"]["Value"].startswith("http://127.0.0.1:8000/v1")
