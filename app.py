@@ -13,6 +13,8 @@ import sys
 import aws_cdk as cdk
 
 from config.loader import ConfigError, config_path_for, load_config
+from planner import PlanningError
+from planner.from_config import plan_config
 from stacks.pd_serving_stack import PdServingStack
 
 
@@ -21,8 +23,20 @@ def availability_zone_context(account: str, region: str, zones: list[str]) -> di
     return {f"availability-zones:account={account}:region={region}": list(zones)}
 
 
+def checked_plan(config, config_path: str):
+    """The planner's verdict at synth: a deployment that cannot work fails here, not in EKS."""
+    try:
+        report = plan_config(config)
+    except PlanningError as exc:
+        raise ConfigError(config_path, [str(exc)]) from None
+    if report.errors:
+        raise ConfigError(config_path, report.errors)
+    return report
+
+
 def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
     config = load_config(config_path)
+    report = checked_plan(config, config_path)
     app = cdk.App(
         outdir=outdir,
         context=availability_zone_context(
@@ -38,6 +52,8 @@ def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
     )
     for key, value in config.tags.items():
         cdk.Tags.of(stack).add(key, value)
+    for index, warning in enumerate(report.warnings):
+        cdk.Annotations.of(stack).add_warning_v2(f"pd-serving:plan-{index}", warning)
     return app
 
 

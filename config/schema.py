@@ -379,6 +379,23 @@ class PlannerSettings(StrictModel):
     typical_output_tokens: int = Field(
         default=256, ge=1, description="Output length the verdict is judged at."
     )
+    prefill_mfu: float = Field(
+        default=0.35,
+        gt=0,
+        le=1,
+        description="Share of the GPU's peak BF16 FLOPS a prefill reaches; calibrate from a GPU run.",
+    )
+    network_efficiency: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Share of the instance's network bandwidth a KV transfer reaches.",
+    )
+    runtime_overhead_gib: float = Field(
+        default=1.5,
+        ge=0,
+        description="GPU memory per GPU taken by CUDA context, activations and CUDA graphs.",
+    )
 
 
 class AppConfig(StrictModel):

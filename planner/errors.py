@@ -10,8 +10,8 @@ class PlanningError(ValueError):
 # Messages name the config field a person has to change. Kept in one table so that a rename
 # in the config tree is a one-line change here rather than a hunt through message strings.
 FIELDS: dict[str, str] = {
-    "model": "serving.model_id",
-    "config_json": "serving.model_config_json",
+    "model": "serving.model.source",
+    "config_json": "serving.model.config_json",
     "dtype": "serving.dtype",
     "max_model_len": "serving.max_model_len",
     "gpu_memory_utilization": "serving.gpu_memory_utilization",

@@ -202,3 +202,84 @@ def test_render_text_shows_key_numbers() -> None:
     for needle in ("Qwen/Qwen2.5-7B-Instruct", "14.19 GiB", "56 KiB", "85,472", "1,552.6 ms", "224.0 MiB",
                    "107.4 ms", "Verdict: worth it", "4.3754", "3,150.29", "2026-11"):
         assert needle in text, needle
+
+
+# The planner as the config and synth use it ---------------------------------------------------
+
+
+def _config_with(**serving_changes):
+    import yaml
+
+    from config.loader import parse_config
+    from tests.conftest import CONFIG_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"].update(serving_changes)
+    return data, parse_config(data)
+
+
+def test_shipped_dev_config_plans_cleanly():
+    from planner.from_config import plan_config
+
+    _, config = _config_with()
+    report = plan_config(config)
+    assert report.ok
+    assert report.decode.kv_bytes_per_token == 57344
+    assert report.cost.per_hour > 4
+
+
+def test_synth_fails_when_max_model_len_does_not_fit(tmp_path):
+    import yaml
+
+    from app import build_app
+    from config.loader import ConfigError
+
+    data, _ = _config_with(max_model_len=32768)
+    data["serving"]["model"] = {"model_id": "qwen3-8b", "source": "Qwen/Qwen3-8B"}
+    path = tmp_path / "too-long.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as caught:
+        build_app(str(path), outdir=str(tmp_path / "out"))
+    message = str(caught.value)
+    assert "serving.max_model_len=32768" in message
+    assert "at most 25424" in message
+
+
+def test_synth_fails_for_unknown_s3_model_without_config_json(tmp_path):
+    import yaml
+
+    from app import build_app
+    from config.loader import ConfigError
+
+    data, _ = _config_with()
+    data["serving"]["model"] = {"model_id": "mine", "source": "s3://models/mine"}
+    path = tmp_path / "s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="set serving.model.config_json"):
+        build_app(str(path), outdir=str(tmp_path / "out"))
+
+
+def test_transfer_share_warns_at_synth_and_fails_when_asked(tmp_path):
+    import yaml
+
+    from app import checked_plan
+    from config.loader import ConfigError, parse_config
+
+    data, _ = _config_with()
+    data["planner"] = {"max_transfer_share": 0.01}
+    report = checked_plan(parse_config(data), "x.yaml")
+    assert any("planner.max_transfer_share" in w for w in report.warnings)
+    data["planner"]["fail_on_transfer_share"] = True
+    with pytest.raises(ConfigError, match="planner.max_transfer_share"):
+        checked_plan(parse_config(data), "x.yaml")
+
+
+def test_make_plan_cli_prints_the_report(capsys):
+    from cli.plan import main
+    from tests.conftest import CONFIG_DIR
+
+    assert main([str(CONFIG_DIR / "dev.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen2.5-7B-Instruct" in out
+    assert "Verdict:" in out
+    assert "total" in out

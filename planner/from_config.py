@@ -1,0 +1,58 @@
+"""Planner inputs from an environment's config: what `make plan` prints and synth enforces."""
+
+from __future__ import annotations
+
+from config.schema import AppConfig
+from planner.core import Assumptions, PhasePlanInputs, PlanInputs, PlanReport, plan
+from planner.errors import PlanningError
+from planner.models import dtype_bytes
+
+
+def plan_inputs(config: AppConfig) -> PlanInputs:
+    serving = config.serving
+    groups = config.cluster.gpu_node_groups
+    settings = config.planner
+    model = serving.model
+    if model.config_json is None and (model.is_s3 or model.source.startswith(("/", "."))):
+        raise PlanningError(
+            f"serving.model.source {model.source!r} is not a Hugging Face id the planner knows; "
+            "set serving.model.config_json to a local copy of the model's config.json"
+        )
+    # Colocated engines run on either group; plan them with decode's parallelism on each.
+    prefill_spec = serving.prefill if serving.mode == "disaggregated" else serving.colocated
+    decode_spec = serving.decode if serving.mode == "disaggregated" else serving.colocated
+    return PlanInputs(
+        model=model.source,
+        config_json=model.config_json,
+        prefill=PhasePlanInputs(
+            instance_type=groups.prefill.instance_type,
+            tensor_parallel_size=prefill_spec.tensor_parallel_size,
+            nodes=groups.prefill.desired_size,
+        ),
+        decode=PhasePlanInputs(
+            instance_type=groups.decode.instance_type,
+            tensor_parallel_size=decode_spec.tensor_parallel_size,
+            nodes=groups.decode.desired_size,
+        ),
+        dtype_bytes=dtype_bytes(serving.dtype) if serving.dtype != "auto" else 2,
+        max_model_len=serving.max_model_len,
+        gpu_memory_utilization=serving.gpu_memory_utilization,
+        typical_prompt_tokens=settings.typical_prompt_tokens,
+        typical_output_tokens=settings.typical_output_tokens,
+        max_transfer_share=settings.max_transfer_share,
+        fail_on_transfer_share=settings.fail_on_transfer_share,
+        system_instance_type=config.cluster.system_node_group.instance_type,
+        system_nodes=config.cluster.system_node_group.desired_size,
+        nat_gateways=config.network.nat_gateways,
+        interface_endpoints=len(config.network.interface_endpoints)
+        * len(config.network.availability_zones),
+        assumptions=Assumptions(
+            prefill_mfu=settings.prefill_mfu,
+            network_efficiency=settings.network_efficiency,
+            runtime_overhead_gib=settings.runtime_overhead_gib,
+        ),
+    )
+
+
+def plan_config(config: AppConfig) -> PlanReport:
+    return plan(plan_inputs(config))
