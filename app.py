@@ -12,6 +12,7 @@ import sys
 
 import aws_cdk as cdk
 
+from cdk_constructs.policy import attach_policy_checks
 from config.loader import ConfigError, config_path_for, load_config
 from planner import PlanningError
 from planner.from_config import plan_config
@@ -50,6 +51,7 @@ def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
         env=cdk.Environment(account=config.aws.account, region=config.aws.region),
         description=f"Prefill/decode disaggregated LLM serving on EKS ({config.name})",
     )
+    attach_policy_checks(app)
     for key, value in config.tags.items():
         cdk.Tags.of(stack).add(key, value)
     for index, warning in enumerate(report.warnings):

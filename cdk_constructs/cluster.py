@@ -9,6 +9,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from cdk_constructs.policy import acknowledge, managed_policy_finding
 from config.schema import ClusterConfig
 from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
 
@@ -93,6 +94,7 @@ class EksCluster(Construct):
                 else None
             ),
         )
+        self._acknowledge_cdk_managed_parts()
         for index, principal in enumerate(config.admin_principals):
             self.cluster.grant_access(
                 f"Admin{index}",
@@ -111,6 +113,41 @@ class EksCluster(Construct):
         # Pod Identity's agent is created through the cluster so that service accounts
         # with IdentityType.POD_IDENTITY reuse it instead of adding a second one.
         self.pod_identity_agent = self.cluster.eks_pod_identity_agent
+
+    def _acknowledge_cdk_managed_parts(self) -> None:
+        acknowledge(
+            self.cluster.role,
+            managed_policy_finding("AmazonEKSClusterPolicy"),
+            "EKS requires this AWS managed policy on the cluster role; AWS keeps it current.",
+        )
+        provider = self.cluster.kubectl_provider
+        reason = (
+            "CDK's kubectl provider (Lambda handler and provider framework) is created and "
+            "maintained by aws-cdk-lib; its roles use the AWS managed policies CDK attaches."
+        )
+        for policy in (
+            "service-role/AWSLambdaBasicExecutionRole",
+            "service-role/AWSLambdaVPCAccessExecutionRole",
+            "AmazonEC2ContainerRegistryReadOnly",
+        ):
+            acknowledge(provider, managed_policy_finding(policy), reason)
+        acknowledge(
+            provider,
+            'AwsSolutions-IAM4[Policy::{"Fn::If":["EksClusterKubectlProviderHandlerHasEcrPublicC426D1A5",'
+            '{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":iam::aws:policy/'
+            'AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}]',
+            reason,
+        )
+        acknowledge(
+            provider,
+            "AwsSolutions-IAM5[Resource::<EksClusterKubectlProviderHandlerDA75FB7A.Arn>:*]",
+            "The provider framework invokes every version of its own handler (ARN:*), as CDK builds it.",
+        )
+        acknowledge(
+            provider,
+            "AwsSolutions-L1",
+            "The kubectl handler's runtime is pinned by aws-cdk-lib to match its kubectl layer.",
+        )
 
     def add_coredns_after(self, node_group: Construct) -> eks.Addon:
         """coredns stays DEGRADED (and its stack update fails) until a node can run it."""

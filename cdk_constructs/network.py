@@ -83,11 +83,16 @@ class Network(Construct):
             Tags.of(subnet).add("kubernetes.io/role/elb", "1")
         self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
         for name in config.interface_endpoints:
-            self.vpc.add_interface_endpoint(
+            endpoint = self.vpc.add_interface_endpoint(
                 name.replace(".", "-").title().replace("-", ""),
                 service=_INTERFACE_SERVICES[name],
                 subnets=ec2.SubnetSelection(subnet_group_name="Private"),
                 private_dns_enabled=True,
+                open=False,
+            )
+            # HTTPS from inside the VPC only, written as a literal CIDR rather than a token.
+            endpoint.connections.allow_from(
+                ec2.Peer.ipv4(config.vpc_cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
             )
         self.gpu_subnet = self._subnet_in(config.gpu_availability_zone)
 

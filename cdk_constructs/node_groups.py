@@ -12,6 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from cdk_constructs.policy import acknowledge, managed_policy_finding
 from config.schema import GpuNodeGroupConfig, SystemNodeGroupConfig
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -33,6 +34,16 @@ def _metadata(hop_limit: int) -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
     return ec2.CfnLaunchTemplate.MetadataOptionsProperty(
         http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=hop_limit
     )
+
+
+def acknowledge_node_role(nodegroup: eks.Nodegroup) -> None:
+    for policy in ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"):
+        acknowledge(
+            nodegroup,
+            managed_policy_finding(policy),
+            "EKS managed node groups need these AWS managed policies on the node role "
+            "(join the cluster, run the VPC CNI, pull images); AWS keeps them current.",
+        )
 
 
 def _template_spec(template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
@@ -79,6 +90,7 @@ class SystemNodeGroup(Construct):
             subnets=ec2.SubnetSelection(subnets=subnets),
             launch_template_spec=_template_spec(self.launch_template),
         )
+        acknowledge_node_role(self.nodegroup)
 
 
 class EfaFabric(Construct):
@@ -176,3 +188,4 @@ class GpuNodeGroup(Construct):
             launch_template_spec=_template_spec(self.launch_template),
         )
         Tags.of(self.nodegroup).add("pd-serving/phase", phase)
+        acknowledge_node_role(self.nodegroup)

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -61,7 +62,13 @@ class RayServiceApp(Construct):
 
         # A content hash names the object, so any change to serve_app rolls out on the next deploy.
         self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app()))
-        self.code.grant_read(self.service_account)
+        # Read this one object, not the whole (shared) CDK assets bucket.
+        self.service_account.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
+            )
+        )
         self._grant_model_access(config)
 
         self.serve_config_v2 = serve_config_yaml(config.serving, working_dir=self.code.s3_object_url)

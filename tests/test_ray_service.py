@@ -206,7 +206,10 @@ def test_serve_app_is_an_asset_read_through_pod_identity(synthesized):
     url = yaml.safe_load(serve_config)["applications"][0]["runtime_env"]["working_dir"]
     assert re.match(r"^s3://cdk-[a-z0-9]+-assets-000000000000-us-east-2/[0-9a-f]{64}\.zip$", url)
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
-    assert "s3:GetObject*" in policies
+    asset_key = url.rsplit("/", 1)[1]
+    # Only this one object of the shared assets bucket is readable.
+    assert f'"Action": "s3:GetObject"' in policies and f"/{asset_key}" in policies
+    assert "s3:List" not in policies
     assets = json.loads((outdir / "pd-dev-pd-serving.assets.json").read_text())["files"]
     asset_hash = url.rsplit("/", 1)[1].removesuffix(".zip")
     assert asset_hash in assets
