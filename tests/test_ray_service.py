@@ -260,7 +260,15 @@ def test_s3_mirrored_model_is_readable(tmp_path):
     from app import build_app
 
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
-    data["serving"]["model"] = {"model_id": "qwen", "source": "s3://my-models/qwen2.5-7b"}
+    config_json = tmp_path / "config.json"
+    config_json.write_text(json.dumps({
+        "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+        "torch_dtype": "bfloat16",
+    }))
+    data["serving"]["model"] = {
+        "model_id": "qwen", "source": "s3://my-models/qwen2.5-7b", "config_json": str(config_json),
+    }
     path = tmp_path / "s3.yaml"
     path.write_text(yaml.safe_dump(data))
     app = build_app(str(path), outdir=str(tmp_path / "out"))
