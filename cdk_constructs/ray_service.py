@@ -13,6 +13,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from cdk_constructs.policy import acknowledge
 from cdk_constructs.ray_service_manifest import ray_service
 from config.schema import AppConfig
 from serve_app.serve_config import SERVE_PORT, serve_config_yaml
@@ -94,4 +95,19 @@ class RayServiceApp(Construct):
         if model.is_s3:
             bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")
             bucket = s3.Bucket.from_bucket_name(self, "ModelBucket", bucket_name)
-            bucket.grant_read(self.service_account, f"{prefix.rstrip('/')}/*" if prefix else "*")
+            objects = f"{prefix.strip('/')}/*" if prefix.strip("/") else "*"
+            self.service_account.add_to_principal_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[bucket.arn_for_objects(objects)])
+            )
+            self.service_account.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[bucket.bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": [objects]}},
+                )
+            )
+            acknowledge(
+                self.service_account,
+                f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{objects}]",
+                "A model mirror is many files under one prefix; the pods may only read that prefix.",
+            )

@@ -275,6 +275,7 @@ def test_s3_mirrored_model_is_readable(tmp_path):
     template = Template.from_stack(app.node.children[0])
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
     assert "my-models/qwen2.5-7b/*" in policies
+    assert '"s3:prefix": ["qwen2.5-7b/*"]' in policies
     serve_config = yaml.safe_load(app.node.children[0].serving.serve_config_v2)
     spec = ServingSpec.model_validate(serve_config["applications"][0]["args"])
     assert spec.llm_config("decode")["model_loading_config"]["model_source"] == {
