@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
@@ -24,6 +25,19 @@ ALL_LOG_TYPES = [
 # Managed so that EKS patches them; vpc-cni and kube-proxy run on every node as DaemonSets,
 # coredns needs a node to become ACTIVE, so it is created after the system node group.
 NODE_INDEPENDENT_ADDONS = ("vpc-cni", "kube-proxy")
+
+_ELB = "arn:<AWS::Partition>:elasticloadbalancing:*:*"
+LOAD_BALANCER_CONTROLLER_WILDCARDS = (
+    "*",
+    "arn:<AWS::Partition>:ec2:*:*:security-group/*",
+    f"{_ELB}:targetgroup/*/*",
+    f"{_ELB}:loadbalancer/net/*/*",
+    f"{_ELB}:loadbalancer/app/*/*",
+    f"{_ELB}:listener/net/*/*/*",
+    f"{_ELB}:listener/app/*/*/*",
+    f"{_ELB}:listener-rule/net/*/*/*",
+    f"{_ELB}:listener-rule/app/*/*/*",
+)
 
 
 def kubectl_layer(scope: Construct, kubernetes_version: str):
@@ -69,6 +83,9 @@ class EksCluster(Construct):
             "SecretsKey",
             description=f"Envelope encryption of Kubernetes secrets in {cluster_name}",
             enable_key_rotation=True,
+            # `make destroy` leaves nothing behind; KMS still waits this long before deleting.
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
         )
         self.cluster = eks.Cluster(
             self,
@@ -95,6 +112,8 @@ class EksCluster(Construct):
             ),
         )
         self._acknowledge_cdk_managed_parts()
+        if self.cluster.alb_controller:
+            self._acknowledge_load_balancer_controller(self.cluster.alb_controller)
         for index, principal in enumerate(config.admin_principals):
             self.cluster.grant_access(
                 f"Admin{index}",
@@ -148,6 +167,15 @@ class EksCluster(Construct):
             "AwsSolutions-L1",
             "The kubectl handler's runtime is pinned by aws-cdk-lib to match its kubectl layer.",
         )
+
+    @staticmethod
+    def _acknowledge_load_balancer_controller(controller: Construct) -> None:
+        reason = (
+            "This is AWS's published IAM policy for the AWS Load Balancer Controller, shipped by "
+            "aws-cdk-lib; it manages load balancers and groups whose ARNs exist only at runtime."
+        )
+        for resource in LOAD_BALANCER_CONTROLLER_WILDCARDS:
+            acknowledge(controller, f"AwsSolutions-IAM5[Resource::{resource}]", reason)
 
     def add_coredns_after(self, node_group: Construct) -> eks.Addon:
         """coredns stays DEGRADED (and its stack update fails) until a node can run it."""

@@ -65,6 +65,12 @@ class PdServingStack(Stack):
             self, cluster=cluster, version=charts.kuberay_operator
         )
         serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
+        # Teardown runs in reverse: the RayService (and any load balancer its Service owns) is
+        # deleted while the nodes, KubeRay and the load balancer controller still run, so the
+        # controller removes the NLB, its security groups and ENIs before the VPC goes.
+        serving.manifest.node.add_dependency(system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
+        if cluster.alb_controller:
+            serving.manifest.node.add_dependency(cluster.alb_controller)
 
         CfnOutput(self, "ClusterName", value=cluster.cluster_name)
         CfnOutput(
