@@ -184,3 +184,93 @@ def test_every_field_has_a_description():
     walk(AppConfig)
     assert len(seen) > 5
     assert missing == []
+
+
+# Serving mistakes caught at synth ------------------------------------------------------------------
+
+
+def test_prefill_and_decode_cannot_name_different_models(dev_data):
+    dev_data["serving"]["prefill"]["model"] = {"source": "Qwen/Qwen3-8B"}
+    message = problems_for(dev_data)
+    assert "serving.prefill.model: unknown key; remove it" in message
+
+
+def test_tensor_parallel_larger_than_instance_gpus(dev_data):
+    dev_data["serving"]["decode"]["tensor_parallel_size"] = 2
+    message = problems_for(dev_data)
+    assert "serving.decode.tensor_parallel_size=2 needs more GPUs than g6.8xlarge has (1)" in message
+
+
+def test_gpu_kv_buffer_without_gpudirect_rdma(dev_data):
+    dev_data["serving"]["kv_transfer"]["buffer_device"] = "cuda"
+    message = problems_for(dev_data)
+    assert "buffer_device is cuda but g6.8xlarge has no GPUDirect RDMA; set buffer_device: cpu" in message
+
+
+def test_more_replicas_than_node_group_can_hold(dev_data):
+    dev_data["serving"]["prefill"]["max_replicas"] = 3
+    message = problems_for(dev_data)
+    assert "serving.prefill.max_replicas=3 can never be scheduled: the node group holds at most 2" in message
+
+
+def test_gated_model_without_secret(dev_data):
+    dev_data["serving"]["model"] = {"model_id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "gated": True}
+    message = problems_for(dev_data)
+    assert "serving.model: model meta-llama/Llama-3.1-8B-Instruct is gated but hf_token_secret is not set" in message
+
+
+def test_world_open_endpoint_in_production(dev_data):
+    dev_data["production"] = True
+    dev_data["cluster"]["endpoint"]["public_cidrs"] = ["0.0.0.0/0"]
+    assert "public_cidrs contains 0.0.0.0/0 in a production environment" in problems_for(dev_data)
+
+
+def test_no_nat_and_no_endpoints(dev_data):
+    dev_data["network"]["nat_gateways"] = 0
+    message = problems_for(dev_data)
+    assert "network.nat_gateways is 0" in message
+    assert "add eks, eks-auth, logs, sts to network.interface_endpoints" in message
+
+
+def test_no_nat_with_endpoints_still_needs_an_s3_model(dev_data):
+    dev_data["network"]["nat_gateways"] = 0
+    dev_data["network"]["interface_endpoints"] = ["ecr.api", "ecr.dkr", "sts", "eks", "eks-auth", "logs"]
+    assert "cannot download from Hugging Face; mirror the model to S3" in problems_for(dev_data)
+
+
+@pytest.mark.parametrize("image", ["rayproject/ray-llm:latest", "rayproject/ray-llm", "my.registry/ray:stable"])
+def test_image_without_version_tag(dev_data, image):
+    dev_data["ray_service"] = {"image": image}
+    assert "has no version tag; pin a versioned tag" in problems_for(dev_data)
+
+
+def test_image_pinned_by_digest_is_accepted(dev_data):
+    dev_data["ray_service"] = {"image": "rayproject/ray-llm@sha256:" + "a" * 64}
+    assert parse_config(dev_data).ray_service.image.endswith("a" * 64)
+
+
+def test_cpu_device_is_for_local_runs_only(dev_data):
+    dev_data["serving"]["device"] = "cpu"
+    assert "serving.device is cpu, which only `make local` runs" in problems_for(dev_data)
+
+
+def test_engine_kwargs_cannot_override_managed_fields(dev_data):
+    dev_data["serving"]["decode"]["engine_kwargs"] = {"kv_transfer_config": {}}
+    message = problems_for(dev_data)
+    assert "engine_kwargs.kv_transfer_config is set by the spec; use serving.kv_transfer instead" in message
+
+
+def test_secret_looking_env_var_is_rejected(dev_data):
+    dev_data["serving"]["env_vars"] = {"HF_TOKEN": "abc"}
+    assert "env_vars.HF_TOKEN looks like a secret" in problems_for(dev_data)
+
+
+def test_replica_bounds_out_of_order(dev_data):
+    dev_data["serving"]["decode"]["min_replicas"] = 2
+    dev_data["serving"]["decode"]["max_replicas"] = 1
+    assert "serving.decode: min_replicas (2) > max_replicas (1)" in problems_for(dev_data)
+
+
+def test_nlb_without_allowed_cidrs(dev_data):
+    dev_data["ray_service"] = {"endpoint": {"internal_nlb": True}}
+    assert "internal_nlb is on but allowed_cidrs is empty" in problems_for(dev_data)
