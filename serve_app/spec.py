@@ -273,9 +273,14 @@ class ServingSpec(SpecModel):
                     "max_replicas": spec.max_replicas,
                     "target_ongoing_requests": spec.target_ongoing_requests,
                 },
+                # The replica's own CPU would be merged into the first bundle; the bundles above
+                # already reserve what the engine needs.
+                "ray_actor_options": {"num_cpus": 0},
             },
             "log_engine_metrics": True,
         }
+        if self.device == "cpu":
+            config["accelerator_config"] = {"kind": "cpu"}
         runtime_env = self.runtime_env()
         if runtime_env:
             config["runtime_env"] = runtime_env
@@ -285,12 +290,16 @@ class ServingSpec(SpecModel):
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:
         """(Ray builder name, its argument dict) for this spec's mode."""
+        # The ingress only proxies HTTP; with no CPU reserved it may share the Ray head (which
+        # advertises none) instead of taking a core from an engine.
+        ingress = {"ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}}}
         if self.mode == "disaggregated":
             return "build_pd_openai_app", {
                 "prefill_config": self.llm_config("prefill"),
                 "decode_config": self.llm_config("decode"),
+                **ingress,
             }
-        return "build_openai_app", {"llm_configs": [self.llm_config("colocated")]}
+        return "build_openai_app", {"llm_configs": [self.llm_config("colocated")], **ingress}
 
 
 def load_spec(path: str) -> ServingSpec:

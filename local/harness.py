@@ -1,0 +1,112 @@
+"""Start and stop the local server as a child process: for tests, benchmarks and `make verify`.
+
+The server runs in its own session so that stopping it reaches Ray's processes too; stopping sends
+SIGINT (a clean Serve and Ray shutdown) and escalates to SIGKILL only after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local.server import ROOT, RUN_DIR
+
+
+@dataclass
+class LocalServer:
+    mode: str = "disaggregated"
+    port: int = 8000
+    metrics_port: int = 8085
+    log_path: Path = field(default_factory=lambda: RUN_DIR / "server.log")
+    process: subprocess.Popen | None = None
+    status: dict = field(default_factory=dict)
+    started_at: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 900) -> LocalServer:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        (RUN_DIR / "status.json").unlink(missing_ok=True)
+        log = open(self.log_path, "w")
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "local.server", "--mode", self.mode,
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+            ],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"local server exited with {self.process.returncode}:\n{self.log_tail()}")
+            status = self.read_status()
+            if status.get("pid") == self.process.pid and status.get("mode") == self.mode:
+                self.status = status
+                return self
+            time.sleep(2)
+        self.stop()
+        raise TimeoutError(f"local server not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def read_status(self) -> dict:
+        try:
+            return json.loads((RUN_DIR / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def replicas(self) -> dict[str, str]:
+        """Current replica ids -> deployment (replicas change when one is restarted)."""
+        return self.read_status().get("replicas", self.status.get("replicas", {}))
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def answering(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/models", timeout=5) as response:
+                return response.status == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    def stop(self, grace: float = 90) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        # Anything Ray left in the session (workers outlive a killed driver) goes too.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.process.returncode
+
+
+def session_processes(session_id: int) -> list[int]:
+    """Processes still alive in a process session (to prove nothing leaked)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == session_id:
+                pids.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids

@@ -1,0 +1,82 @@
+"""Reading the Prometheus text that Ray exports, and the vLLM counters that prove KV reuse.
+
+Under Ray Serve, each engine's vLLM counters are exported as ``ray_vllm_*`` on Ray's metrics
+port, labelled with the Serve replica. Counters are compared, never histogram sums: Ray reports
+bucket midpoints for those.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+PROMPT_TOKENS_BY_SOURCE = "ray_vllm_prompt_tokens_by_source_total"
+EXTERNAL_PREFIX_HITS = "ray_vllm_external_prefix_cache_hits_total"
+NIXL_TRANSFERS = "ray_vllm_nixl_xfer_time_seconds_count"
+REPLICA_LABELS = ("ReplicaId", "replica", "WorkerId")
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse(text: str) -> list[Sample]:
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if match:
+            try:
+                value = float(match.group(3))
+            except ValueError:
+                continue
+            samples.append(Sample(match.group(1), dict(_LABEL.findall(match.group(2) or "")), value))
+    return samples
+
+
+def scrape(url: str, timeout: float = 10) -> list[Sample]:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return parse(response.read().decode())
+
+
+def replica_of(sample: Sample) -> str:
+    for label in REPLICA_LABELS:
+        if label in sample.labels:
+            return sample.labels[label]
+    return "?"
+
+
+def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tuple[str, str, str], float]:
+    """{(deployment, metric, source): value} summed over the replicas of each deployment.
+
+    ``replicas`` maps replica ids (as labelled in the metrics) to deployment names.
+    """
+    totals: dict[tuple[str, str, str], float] = defaultdict(float)
+    for sample in samples:
+        if not sample.name.startswith("ray_vllm_"):
+            continue
+        replica = replica_of(sample)
+        deployment = next(
+            (name for rid, name in replicas.items() if rid == replica or replica.endswith(rid)), replica
+        )
+        totals[(deployment, sample.name, sample.labels.get("source", ""))] += sample.value
+    return dict(totals)
+
+
+def counter_delta(before: dict, after: dict, deployment_prefix: str, metric: str, source: str = "") -> float:
+    def total(snapshot):
+        return sum(
+            v for (dep, name, src), v in snapshot.items()
+            if dep.startswith(deployment_prefix) and name == metric and src == source
+        )
+
+    return total(after) - total(before)
