@@ -8,18 +8,23 @@ PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 CDK_FLAGS := --app "$(abspath $(PY)) app.py" -c config=$(CONFIG) --no-notices --no-version-reporting
 PYTEST_ARGS ?=
+MODE ?= disaggregated
+# vLLM's CPU build needs PyTorch's CPU wheel, which PyPI does not serve.
+TORCH_CPU := torch==2.13.0+cpu
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 # jsii runs on Node 20 here; its end-of-life banner would bury the output.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy test plan clean help
+.PHONY: synth deploy destroy test plan local clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
 	@echo "make deploy  [ENV=…|CONFIG=…]                 cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
+	@echo "make local   [MODE=disaggregated|colocated]   serve_app on this CPU at http://127.0.0.1:8000/v1"
 	@echo "make test                                     install everything and run every test"
 
 $(VENV)/.runtime: requirements.txt
@@ -29,6 +34,14 @@ $(VENV)/.runtime: requirements.txt
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+# The serving stack is a full lock installed without the resolver. The CPU torch wheel comes first:
+# from a local wheelhouse if pip already knows one, else from PyTorch's CPU index.
+$(VENV)/.serve: requirements-serve.txt $(VENV)/.dev
+	$(PY) -m pip install -q --no-index $(TORCH_CPU) 2>/dev/null \
+	  || $(PY) -m pip install -q --extra-index-url $(TORCH_INDEX_URL) $(TORCH_CPU)
+	$(PY) -m pip install -q --no-deps -r requirements-serve.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -49,8 +62,11 @@ destroy: $(VENV)/.runtime node_modules/.installed
 plan: $(VENV)/.runtime
 	$(PY) -m cli.plan $(CONFIG)
 
-test: $(VENV)/.dev node_modules/.installed
+test: $(VENV)/.serve node_modules/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+local: $(VENV)/.serve
+	$(PY) -m local.server --mode $(MODE)
 
 clean:
 	rm -rf $(OUTDIR) .pytest_cache

@@ -68,6 +68,23 @@ class LocalServer:
         """Current replica ids -> deployment (replicas change when one is restarted)."""
         return self.read_status().get("replicas", self.status.get("replicas", {}))
 
+    def counters(self, settle: float = 1.5, timeout: float = 30) -> dict:
+        """The engines' counters once two scrapes ``settle`` seconds apart agree.
+
+        Ray exports each engine's counters on an interval, so a request that just finished may
+        not be counted yet; a settled snapshot is a safe 'before' for a delta.
+        """
+        from local.metrics import engine_counters, scrape
+
+        deadline = time.monotonic() + timeout
+        previous = engine_counters(scrape(self.status["metrics_url"]), self.replicas())
+        while True:
+            time.sleep(settle)
+            current = engine_counters(scrape(self.status["metrics_url"]), self.replicas())
+            if current == previous or time.monotonic() > deadline:
+                return current
+            previous = current
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -21,8 +21,6 @@ from local.metrics import (
     NIXL_TRANSFERS,
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
-    engine_counters,
-    scrape,
 )
 
 MODEL = "tiny-llama"
@@ -48,7 +46,7 @@ def unique_prompt(tag: str, length: int = 100) -> str:
 
 
 def counters(server):
-    return engine_counters(scrape(server.status["metrics_url"]), server.replicas())
+    return server.counters()
 
 
 def wait_for_counters(server, before, deployment, metric, source, at_least, timeout=30):

@@ -1,0 +1,66 @@
+"""The colocated baseline on this CPU: the same app, model and endpoint, one engine for both phases.
+
+A reasoned subset of the disaggregated suite: the OpenAI surface (ingress, error handling) is the
+same code in both modes and is covered there; here each endpoint shape is exercised once, and the
+counters show that this mode computes every prompt locally with no KV transfer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+from local.harness import LocalServer, session_processes
+from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = LocalServer(mode="colocated", port=8001, metrics_port=8086).start()
+    yield running
+    session = running.process.pid
+    running.stop()
+    assert session_processes(session) == [], "the local server left processes behind"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+
+
+def test_same_model_same_endpoint_shape(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_and_streamed_completion(client):
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+    )
+    assert chat.usage.completion_tokens >= 1
+    chunks = list(client.completions.create(model=MODEL, prompt="x" * 50, max_tokens=8, stream=True))
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=4)
+
+
+def test_prompt_is_computed_locally_without_transfer(server, client):
+    before = server.counters()
+    prompt = f"colocated {time.time_ns()} " + "a" * 80
+    response = client.completions.create(model=MODEL, prompt=prompt[:90], max_tokens=4)
+    tokens = response.usage.prompt_tokens
+    deadline = time.monotonic() + 30
+    while True:
+        after = server.counters()
+        local = counter_delta(before, after, "LLMServer", PROMPT_TOKENS_BY_SOURCE, "local_compute")
+        if local >= tokens or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert local == tokens
+    assert counter_delta(before, after, "LLMServer", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
