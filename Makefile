@@ -39,8 +39,8 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 # The serving stack is a full lock installed without the resolver. The CPU torch wheel comes first:
 # from a local wheelhouse if pip already knows one, else from PyTorch's CPU index.
 $(VENV)/.serve: requirements-serve.txt $(VENV)/.dev
-	$(PY) -m pip install -q --no-index $(TORCH_CPU) 2>/dev/null \
-	  || $(PY) -m pip install -q --extra-index-url $(TORCH_INDEX_URL) $(TORCH_CPU)
+	$(PY) -m pip install -q --no-deps --no-index $(TORCH_CPU) 2>/dev/null \
+	  || $(PY) -m pip install -q --no-deps --extra-index-url $(TORCH_INDEX_URL) $(TORCH_CPU)
 	$(PY) -m pip install -q --no-deps -r requirements-serve.txt
 	touch $@
 
