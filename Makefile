@@ -9,6 +9,14 @@ CDK := node_modules/.bin/cdk
 CDK_FLAGS := --app "$(abspath $(PY)) app.py" -c config=$(CONFIG) --no-notices --no-version-reporting
 PYTEST_ARGS ?=
 MODE ?= disaggregated
+# make bench / bench-compare: the endpoint(s), workload preset, served model and its tokenizer.
+URL ?=
+PD_URL ?=
+COLOCATED_URL ?=
+LOCAL ?=
+WORKLOAD ?= chat
+MODEL ?= tiny-llama
+TOKENIZER ?= $(abspath .local/tiny-llama)
 # vLLM's CPU build needs PyTorch's CPU wheel, which PyPI does not serve.
 TORCH_CPU := torch==2.13.0+cpu
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
@@ -17,7 +25,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy test plan local clean help
+.PHONY: synth deploy destroy test plan local bench bench-compare verify clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -25,6 +33,9 @@ help:
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
 	@echo "make local   [MODE=disaggregated|colocated]   serve_app on this CPU at http://127.0.0.1:8000/v1"
+	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…]"
+	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
+	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
 	@echo "make test                                     install everything and run every test"
 
 $(VENV)/.runtime: requirements.txt
@@ -67,6 +78,18 @@ test: $(VENV)/.serve node_modules/.installed
 
 local: $(VENV)/.serve
 	$(PY) -m local.server --mode $(MODE)
+
+bench: $(VENV)/.serve
+	@test -n "$(URL)" || { echo "make bench needs URL=<OpenAI base URL>, e.g. URL=http://127.0.0.1:8000/v1"; exit 2; }
+	$(PY) -m bench.run --url $(URL) --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+
+bench-compare: $(VENV)/.serve
+	@test -n "$(LOCAL)$(PD_URL)" || { echo "make bench-compare needs PD_URL=… COLOCATED_URL=…, or LOCAL=1"; exit 2; }
+	$(PY) -m bench.compare $(if $(LOCAL),--local,--pd-url $(PD_URL) --colocated-url $(COLOCATED_URL)) \
+	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+
+verify: $(VENV)/.serve
+	$(PY) -m verify --config $(CONFIG)
 
 clean:
 	rm -rf $(OUTDIR) .pytest_cache

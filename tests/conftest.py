@@ -43,3 +43,9 @@ def dev_data():
     import yaml
 
     return yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def bench_rows() -> dict:
+    """Benchmark rows of each local mode, so the last module can put them side by side."""
+    return {}

@@ -64,3 +64,18 @@ def test_prompt_is_computed_locally_without_transfer(server, client):
         time.sleep(1)
     assert local == tokens
     assert counter_delta(before, after, "LLMServer", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
+
+
+def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
+    import json
+
+    from bench.run import main as bench_main
+
+    code = bench_main([
+        "--url", server.base_url, "--workload", "tiny", "--model", MODEL,
+        "--label", "colocated", "--out", str(tmp_path),
+    ])
+    assert code == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert all(r["completed"] == 6 and r["failed"] == 0 for r in rows)
+    bench_rows["colocated"] = rows

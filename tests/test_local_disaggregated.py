@@ -161,3 +161,179 @@ def test_malformed_json_is_a_4xx_with_an_error_body(server):
 def test_server_still_serves_after_bad_requests(client):
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after"), max_tokens=4)
     assert response.usage.completion_tokens >= 1
+
+
+# Load, benchmark and failure behaviour ---------------------------------------------------------
+# These run last in this module: the failure test kills the prefill replica (and waits for Serve
+# to bring it back).
+
+LOAD_CLIENTS = 16
+LOAD_SECONDS = 60
+REQUEST_TIMEOUT_S = 60
+
+
+def run_load(base_url: str, *, clients: int, seconds: float, stop_event=None) -> list[dict]:
+    """Closed-loop clients sending short completions; returns one record per request."""
+    import threading
+
+    stop_event = stop_event or threading.Event()
+    deadline = time.monotonic() + seconds
+    records: list[dict] = []
+    lock = threading.Lock()
+
+    def worker(index: int):
+        client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+        n = 0
+        while time.monotonic() < deadline and not stop_event.is_set():
+            started = time.monotonic()
+            record = {"client": index, "started": started}
+            try:
+                client.completions.create(model=MODEL, prompt=unique_prompt(f"load{index}-{n}", 64), max_tokens=8)
+                record["outcome"] = "ok"
+            except openai.APIStatusError as exc:
+                record["outcome"] = f"http {exc.status_code}"
+                record["message"] = str(exc)[:200]
+            except openai.APITimeoutError:
+                record["outcome"] = "timeout"
+            except openai.APIConnectionError as exc:
+                record["outcome"] = "connection"
+                record["message"] = str(exc)[:200]
+            record["seconds"] = time.monotonic() - started
+            with lock:
+                records.append(record)
+            n += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + REQUEST_TIMEOUT_S + 30)
+    return records
+
+
+def summary(records: list[dict], seconds: float) -> dict:
+    import statistics
+
+    ok = sorted(r["seconds"] for r in records if r["outcome"] == "ok")
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "failed": len(records) - len(ok),
+        "requests_per_s": round(len(ok) / seconds, 2),
+        "p50_s": round(statistics.median(ok), 3) if ok else None,
+        "p99_s": round(ok[min(len(ok) - 1, int(len(ok) * 0.99))], 3) if ok else None,
+        "max_s": round(max(r["seconds"] for r in records), 3) if records else None,
+    }
+
+
+def report(name: str, data: dict) -> None:
+    from local.server import ROOT
+
+    out = ROOT / "results" / "local-tests"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(f"\n{name}: {json.dumps(data)}")
+
+
+def test_bounded_load_has_no_failed_requests(server):
+    records = run_load(server.base_url, clients=LOAD_CLIENTS, seconds=LOAD_SECONDS)
+    result = summary(records, LOAD_SECONDS)
+    report("load-16-clients-60s", result)
+    failures = [r for r in records if r["outcome"] != "ok"]
+    assert result["requests"] >= LOAD_CLIENTS
+    assert failures == []
+    assert server.process.poll() is None
+
+
+def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
+    from bench.run import dated_dir, main as bench_main
+
+    out_dir = dated_dir(tmp_path)
+    code = bench_main([
+        "--url", server.base_url, "--workload", "tiny", "--model", MODEL,
+        "--label", "disaggregated", "--out", str(out_dir),
+    ])
+    assert code == 0
+    rows = json.loads((out_dir / "rows.json").read_text())
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    assert all(r["completed"] == 6 and r["failed"] == 0 for r in rows)
+    assert all(r["latency_ms"]["p99_ttft"] > 0 for r in rows)
+    assert (out_dir / "tiny.png").stat().st_size > 10_000
+    assert "| disaggregated | 1 |" in (out_dir / "report.md").read_text()
+    bench_rows["disaggregated"] = rows
+
+
+def test_ratios_against_colocated_from_the_same_session(bench_rows):
+    from bench.compare import ratio_table
+    from bench.run import Row
+
+    if "colocated" not in bench_rows:
+        pytest.skip("the colocated module did not run in this session")
+    ratios = ratio_table([Row(**r) for r in bench_rows["disaggregated"]], [Row(**r) for r in bench_rows["colocated"]])
+    report("bench-tiny-ratios", {"table": ratios})
+    assert ratios.count("\n") == 3  # header, rule, two concurrency levels
+    assert "×" in ratios
+
+
+def prefill_replica_pids(session: int) -> list[int]:
+    pids = []
+    for pid in session_processes(session):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if "ServeReplica:llm:Prefill" in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
+    import os
+    import signal
+    import threading
+
+    stop = threading.Event()
+    outcome: dict = {}
+    loader = threading.Thread(
+        target=lambda: outcome.setdefault("records", run_load(server.base_url, clients=4, seconds=45, stop_event=stop)),
+        daemon=True,
+    )
+    loader.start()
+    time.sleep(8)
+    victims = prefill_replica_pids(server.process.pid)
+    assert victims, "no prefill replica process found"
+    killed_at = time.monotonic()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    loader.join(45 + REQUEST_TIMEOUT_S + 60)
+    records = outcome["records"]
+
+    # Every request ended (success or a clear error) well within the client's timeout: none hung.
+    assert records
+    assert all(r["seconds"] < REQUEST_TIMEOUT_S for r in records), [r for r in records if r["seconds"] >= REQUEST_TIMEOUT_S]
+    errors = [r for r in records if r["outcome"] != "ok"]
+    assert all(r["outcome"].startswith("http 5") for r in errors), errors[:3]
+
+    # The app recovers once Serve has restarted the prefill replica.
+    recovered_after = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            client.completions.create(model=MODEL, prompt=unique_prompt("recover"), max_tokens=4, timeout=30)
+            recovered_after = time.monotonic() - killed_at
+            break
+        except openai.APIError:
+            time.sleep(5)
+    report(
+        "prefill-killed-under-load",
+        {**summary(records, 45), "errors": sorted({r["outcome"] for r in errors}),
+         "recovered_after_s": round(recovered_after or -1, 1)},
+    )
+    assert recovered_after is not None, "no successful request within 10 minutes of the kill"
+
+    # ...and decode again takes the prompt's KV from the new prefill replica.
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("after-recovery", 90), max_tokens=4)
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
+                              response.usage.prompt_tokens)
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == response.usage.prompt_tokens

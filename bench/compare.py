@@ -1,0 +1,107 @@
+"""`make bench-compare`: the same workload against disaggregated and colocated, ratios side by side.
+
+    python -m bench.compare --pd-url URL --colocated-url URL --workload long-prompt [--model M --tokenizer T]
+    python -m bench.compare --local --workload tiny      # starts each local CPU server in turn
+
+Ratios are disaggregated / colocated from one run, so below 1 means disaggregation is lower
+(better) for latencies, and above 1 means it is higher (better) for throughput and goodput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.run import (
+    LATENCY_METRICS,
+    PERCENTILES,
+    Row,
+    dated_dir,
+    default_tokenizer,
+    plot,
+    run_workload,
+    table,
+    workload_named,
+    write_report,
+)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}×" if b else "n/a"
+
+
+def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
+    by_level = {r.concurrency: r for r in colocated_rows}
+    header = ["conc", "req/s", "out tok/s", "goodput"] + [
+        f"{m.upper()} p{p}" for m in LATENCY_METRICS for p in PERCENTILES
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for pd in pd_rows:
+        co = by_level.get(pd.concurrency)
+        if co is None:
+            continue
+        cells = [
+            str(pd.concurrency),
+            ratio(pd.request_throughput, co.request_throughput),
+            ratio(pd.output_throughput, co.output_throughput),
+            ratio(pd.goodput, co.goodput),
+        ]
+        cells += [
+            ratio(pd.latency_ms[f"p{p}_{m}"], co.latency_ms[f"p{p}_{m}"])
+            for m in LATENCY_METRICS for p in PERCENTILES
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bench_local(mode: str, port: int, metrics_port: int, **kwargs) -> list[Row]:
+    from local.harness import LocalServer
+
+    server = LocalServer(mode=mode, port=port, metrics_port=metrics_port).start()
+    try:
+        return run_workload(url=server.base_url, **kwargs)
+    finally:
+        server.stop()
+
+
+def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
+            pd_url: str | None = None, colocated_url: str | None = None, local: bool = False) -> str:
+    workload = workload_named(workload_name)
+    common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
+    if local:
+        pd_rows = bench_local("disaggregated", 8000, 8085, label="disaggregated", **common)
+        colocated_rows = bench_local("colocated", 8000, 8085, label="colocated", **common)
+    else:
+        pd_rows = run_workload(url=pd_url, label="disaggregated", **common)
+        colocated_rows = run_workload(url=colocated_url, label="colocated", **common)
+    ratios = ratio_table(pd_rows, colocated_rows)
+    plot(pd_rows + colocated_rows, out_dir / f"{workload.name}-compare.png", f"{workload.name}: P/D vs colocated")
+    write_report(
+        pd_rows + colocated_rows, out_dir, workload,
+        extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n",
+    )
+    return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pd-url")
+    parser.add_argument("--colocated-url")
+    parser.add_argument("--local", action="store_true", help="start the local CPU servers in turn")
+    parser.add_argument("--workload", default="long-prompt")
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--tokenizer", default=default_tokenizer())
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not args.local and not (args.pd_url and args.colocated_url):
+        parser.error("give --pd-url and --colocated-url, or --local")
+    out_dir = Path(args.out) if args.out else dated_dir()
+    print(compare(workload_name=args.workload, model=args.model, tokenizer=args.tokenizer, out_dir=out_dir,
+                  pd_url=args.pd_url, colocated_url=args.colocated_url, local=args.local))
+    print(f"results in {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""`make bench`: one workload against one OpenAI-compatible endpoint, swept over concurrency.
+
+    python -m bench.run --url http://127.0.0.1:8000/v1 --workload chat [--model M] [--tokenizer T]
+
+The load generator is vLLM's `bench serve` (called in-process through its own argument parser):
+it is maintained with the engine we serve, reports TTFT, TPOT and ITL percentiles and goodput
+under an SLO, and needs nothing beyond the serving stack. Results land in a dated folder as the
+raw JSON of each run, a Markdown table and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS_FILE = Path(__file__).resolve().parent / "workloads.yaml"
+RESULTS_DIR = ROOT / "results"
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl")
+
+
+class Slo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ttft_ms: float = Field(gt=0, description="Time to first token a request must meet.")
+    tpot_ms: float = Field(gt=0, description="Time per output token a request must meet.")
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(description="Preset name.")
+    description: str = Field(description="What traffic this stands for.")
+    input_len: int = Field(ge=1, description="Mean prompt length in tokens.")
+    output_len: int = Field(ge=1, description="Mean output length in tokens.")
+    range_ratio: float = Field(ge=0, lt=1, description="Uniform spread of both lengths (±ratio).")
+    num_prompts: int = Field(ge=1, description="Requests per concurrency level.")
+    concurrency: list[int] = Field(min_length=1, description="Concurrency levels to sweep.")
+    slo: Slo = Field(description="The SLO that defines goodput.")
+
+
+def load_workloads(path: Path = WORKLOADS_FILE) -> dict[str, Workload]:
+    data = yaml.safe_load(path.read_text())
+    return {name: Workload(name=name, **body) for name, body in data.items()}
+
+
+def workload_named(name: str) -> Workload:
+    workloads = load_workloads()
+    if name not in workloads:
+        raise SystemExit(f"unknown workload {name!r}; use one of {', '.join(workloads)} (bench/workloads.yaml)")
+    return workloads[name]
+
+
+def server_root(url: str) -> str:
+    """vLLM's generator wants the server root and the endpoint path separately."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def bench_args(*, url: str, model: str, tokenizer: str, workload: Workload, concurrency: int,
+               out_dir: Path, label: str) -> list[str]:
+    slo = workload.slo
+    return [
+        "--backend", "openai",
+        "--base-url", server_root(url),
+        "--endpoint", "/v1/completions",
+        "--model", model,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--random-input-len", str(workload.input_len),
+        "--random-output-len", str(workload.output_len),
+        "--random-range-ratio", str(workload.range_ratio),
+        "--num-prompts", str(workload.num_prompts),
+        "--max-concurrency", str(concurrency),
+        "--request-rate", "inf",
+        "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
+        "--goodput", f"ttft:{slo.ttft_ms}", f"tpot:{slo.tpot_ms}",
+        "--label", label,
+        "--save-result",
+        "--result-dir", str(out_dir),
+        "--result-filename", f"{label}-{workload.name}-c{concurrency}.json",
+        "--disable-tqdm",
+        "--seed", "0",
+    ]
+
+
+def run_one(args: list[str]) -> dict:
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    return main(parser.parse_args(args))
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    concurrency: int
+    completed: int
+    failed: int
+    request_throughput: float
+    output_throughput: float
+    goodput: float
+    latency_ms: dict[str, float]  # e.g. "p99_ttft" -> ms
+
+
+def row_from_result(label: str, concurrency: int, result: dict) -> Row:
+    latency = {
+        f"p{p}_{m}": float(result.get(f"p{p}_{m}_ms") or 0.0) for m in LATENCY_METRICS for p in PERCENTILES
+    }
+    return Row(
+        label=label,
+        concurrency=concurrency,
+        completed=int(result.get("completed", 0)),
+        failed=int(result.get("failed", 0) or 0),
+        request_throughput=float(result.get("request_throughput") or 0.0),
+        output_throughput=float(result.get("output_throughput") or 0.0),
+        goodput=float(result.get("request_goodput") or 0.0),
+        latency_ms=latency,
+    )
+
+
+def run_workload(*, url: str, model: str, tokenizer: str, workload: Workload, out_dir: Path,
+                 label: str) -> list[Row]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for concurrency in workload.concurrency:
+        print(f"[bench] {label}: {workload.name} at concurrency {concurrency}", flush=True)
+        result = run_one(bench_args(url=url, model=model, tokenizer=tokenizer, workload=workload,
+                                    concurrency=concurrency, out_dir=out_dir, label=label))
+        rows.append(row_from_result(label, concurrency, result))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    header = ["endpoint", "conc", "ok", "fail", "req/s", "out tok/s", "goodput req/s"] + [
+        f"{m.upper()} p{p} ms" for m in LATENCY_METRICS for p in PERCENTILES
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r.label, str(r.concurrency), str(r.completed), str(r.failed), f"{r.request_throughput:.2f}",
+                 f"{r.output_throughput:.1f}", f"{r.goodput:.2f}"]
+        cells += [f"{r.latency_ms[f'p{p}_{m}']:.1f}" for m in LATENCY_METRICS for p in PERCENTILES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for label in sorted({r.label for r in rows}):
+        mine = sorted((r for r in rows if r.label == label), key=lambda r: r.concurrency)
+        xs = [r.concurrency for r in mine]
+        for ax, metric in zip(axes, LATENCY_METRICS):
+            for p, style in zip(PERCENTILES, (":", "--", "-")):
+                ax.plot(xs, [r.latency_ms[f"p{p}_{metric}"] for r in mine], style, marker="o", label=f"{label} p{p}")
+            ax.set_title(f"{metric.upper()} (ms)")
+            ax.set_xlabel("concurrency")
+    axes[0].legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def dated_dir(base: Path = RESULTS_DIR, *, now: dt.datetime | None = None) -> Path:
+    return base / (now or dt.datetime.now()).strftime("%Y-%m-%d_%H%M%S")
+
+
+def write_report(rows: list[Row], out_dir: Path, workload: Workload, extra: str = "") -> Path:
+    report = out_dir / "report.md"
+    report.write_text(
+        f"# {workload.name}: {workload.description}\n\n"
+        f"{workload.input_len} in / {workload.output_len} out tokens (±{workload.range_ratio:.0%}), "
+        f"{workload.num_prompts} requests per level; goodput SLO TTFT ≤ {workload.slo.ttft_ms:g} ms, "
+        f"TPOT ≤ {workload.slo.tpot_ms:g} ms.\n\n{table(rows)}\n{extra}"
+    )
+    (out_dir / "rows.json").write_text(json.dumps([r.__dict__ for r in rows], indent=2))
+    return report
+
+
+def default_tokenizer() -> str:
+    return str(ROOT / ".local" / "tiny-llama")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--workload", default="chat")
+    parser.add_argument("--model", default="tiny-llama", help="model id served at the URL")
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
+    parser.add_argument("--label", default="endpoint")
+    parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
+    args = parser.parse_args(argv)
+    workload = workload_named(args.workload)
+    out_dir = Path(args.out) if args.out else dated_dir()
+    rows = run_workload(url=args.url, model=args.model, tokenizer=args.tokenizer, workload=workload,
+                        out_dir=out_dir, label=args.label)
+    plot(rows, out_dir / f"{workload.name}.png", f"{workload.name} at {args.url}")
+    report = write_report(rows, out_dir, workload)
+    print(report.read_text())
+    print(f"results in {out_dir}")
+    return 0 if all(r.failed == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Scraping Ray's and vLLM's Prometheus metrics per phase, into CloudWatch or Amazon Managed Prometheus.
+
+Every Ray pod exports all of its node's metrics on the container port named ``metrics``. One scrape
+configuration serves both backends; it turns the pod's ``ray.io/group`` label (``prefill-gpu`` /
+``decode-gpu``) into a ``phase`` label, because the vLLM metrics themselves do not say which phase
+an engine serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import aws_aps as aps
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from cdk_constructs import dashboards
+from cdk_constructs.policy import acknowledge, managed_policy_finding
+from config.observability import ObservabilityConfig
+
+METRICS_PORT_NAME = "metrics"
+SCRAPE_JOB = "ray"
+CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
+CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
+CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+# The agent's operator mounts the add-on's prometheus config here.
+AGENT_PROMETHEUS_CONFIG_PATH = "/etc/prometheusconfig/prometheus.yaml"
+EMF_NAMESPACE = "PdServing/Prometheus"
+# The Kubernetes user that EKS maps an AMP scraper's role to; the scraper's RBAC binds it.
+AMP_SCRAPER_USER = "aps-collector-user"
+
+# Every metric name a dashboard may read. The CloudWatch agent ships only the names listed here
+# (a renamed metric would otherwise vanish silently), and a test checks the dashboards against it.
+KNOWN_METRICS: tuple[str, ...] = (
+    "ray_vllm_num_requests_running",
+    "ray_vllm_num_requests_waiting",
+    "ray_vllm_kv_cache_usage_perc",
+    "ray_vllm_time_to_first_token_seconds_bucket",
+    "ray_vllm_request_time_per_output_token_seconds_bucket",
+    "ray_vllm_inter_token_latency_seconds_bucket",
+    "ray_vllm_nixl_xfer_time_seconds_bucket",
+    "ray_vllm_nixl_xfer_time_seconds_count",
+    "ray_vllm_nixl_bytes_transferred_sum",
+    "ray_vllm_nixl_num_failed_transfers_total",
+    "ray_vllm_prompt_tokens_by_source_total",
+    "ray_vllm_request_success_total",
+    "ray_serve_num_deployment_http_error_requests_total",
+)
+
+
+def scrape_config(*, namespace: str, interval_seconds: int) -> dict[str, Any]:
+    """Prometheus scrape configuration of the Ray pods in ``namespace`` (head and workers)."""
+    return {
+        "global": {"scrape_interval": f"{interval_seconds}s", "scrape_timeout": "10s"},
+        "scrape_configs": [
+            {
+                "job_name": SCRAPE_JOB,
+                "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                        "action": "keep",
+                        "regex": METRICS_PORT_NAME,
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_node_type"],
+                        "action": "keep",
+                        "regex": "head|worker",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_group"],
+                        "regex": "(prefill|decode)-gpu",
+                        "target_label": "phase",
+                        "replacement": "$1",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    {"source_labels": ["__meta_kubernetes_pod_label_ray_io_node_type"], "target_label": "ray_node_type"},
+                ],
+            }
+        ],
+    }
+
+
+def _metric_declarations() -> list[dict[str, Any]]:
+    """Which scraped series become CloudWatch metrics, and under which dimensions."""
+    phase_dims: dict[str, list[str]] = {}
+    for panel in dashboards.PANELS:
+        for series in panel.cloudwatch:
+            phase_dims.setdefault(series.metric, ["ClusterName", "phase", *(d for d, _ in series.dimensions)])
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for metric, dims in sorted(phase_dims.items()):
+        grouped.setdefault(tuple(dims), []).append(metric)
+    return [
+        {
+            "source_labels": ["job"],
+            "label_matcher": f"^{SCRAPE_JOB}$",
+            "dimensions": [list(dims)],
+            "metric_selectors": [f"^{metric}$" for metric in metrics],
+        }
+        for dims, metrics in grouped.items()
+    ]
+
+
+def cloudwatch_addon_values(*, cluster_name: str, log_group_name: str, scrape: dict[str, Any]) -> dict[str, Any]:
+    """Configuration values of the amazon-cloudwatch-observability add-on."""
+    return {
+        "agent": {
+            "config": {
+                "logs": {
+                    "metrics_collected": {
+                        # Replacing the agent's config replaces its default; keep Container Insights.
+                        "kubernetes": {"enhanced_container_insights": True},
+                        "prometheus": {
+                            "cluster_name": cluster_name,
+                            "log_group_name": log_group_name,
+                            "prometheus_config_path": AGENT_PROMETHEUS_CONFIG_PATH,
+                            "emf_processor": {
+                                "metric_namespace": EMF_NAMESPACE,
+                                "metric_declaration": _metric_declarations(),
+                            },
+                        },
+                    }
+                }
+            },
+            "prometheus": {"config": scrape},
+        }
+    }
+
+
+def scraper_rbac() -> list[dict[str, Any]]:
+    """What the AMP scraper may read: pods, for discovery. It scrapes them over the VPC."""
+    name = "amp-scraper"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "User", "name": AMP_SCRAPER_USER, "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+    ]
+
+
+class Observability(Construct):
+    """Collects the Ray pods' metrics into the configured backend and adds the per-phase dashboard.
+
+    Args:
+        cluster: the EKS cluster (Pod Identity agent created through it).
+        config: the observability section of the environment's config.
+        namespace: namespace of the RayService whose pods are scraped.
+        dashboard_name: name of the CloudWatch dashboard (backend cloudwatch).
+        subnets: subnets for the AMP scraper's network interfaces (backend amp); they must reach
+            the pods.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        config: ObservabilityConfig,
+        namespace: str,
+        dashboard_name: str,
+        subnets: Sequence[ec2.ISubnet] = (),
+    ) -> None:
+        super().__init__(scope, id_)
+        self.config = config
+        self.scrape_config = scrape_config(namespace=namespace, interval_seconds=config.scrape_interval_seconds)
+        self.addon: eks.CfnAddon | None = None
+        self.dashboard: cloudwatch.CfnDashboard | None = None
+        self.workspace_arn: str | None = None
+        self.scraper: aps.CfnScraper | None = None
+        self.grafana_dashboard_file = dashboards.GRAFANA_FILE if config.backend == "amp" else None
+        if config.backend == "cloudwatch":
+            self._cloudwatch(cluster, dashboard_name)
+        elif config.backend == "amp":
+            if not subnets:
+                raise ValueError("observability.backend amp needs subnets for the scraper; pass the cluster's private subnets")
+            self._amp(cluster, subnets)
+
+    def _log_group(self, name: str) -> logs.LogGroup:
+        return logs.LogGroup(
+            self,
+            "LogGroup",
+            log_group_name=name,
+            retention=getattr(logs.RetentionDays, _retention_name(self.config.log_retention_days)),
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+    def _cloudwatch(self, cluster: eks.Cluster, dashboard_name: str) -> None:
+        # Created here, with a retention, before the agent would create it without one.
+        log_group = self._log_group(f"/aws/containerinsights/{cluster.cluster_name}/prometheus")
+        self.agent_role = iam.Role(
+            self,
+            "AgentRole",
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")],
+        )
+        acknowledge(
+            self.agent_role,
+            managed_policy_finding("CloudWatchAgentServerPolicy"),
+            "AWS's managed policy for the CloudWatch agent: it writes metrics and logs to names that "
+            "Container Insights chooses at runtime; AWS keeps it current with the agent.",
+        )
+        values = cloudwatch_addon_values(
+            cluster_name=cluster.cluster_name, log_group_name=log_group.log_group_name, scrape=self.scrape_config
+        )
+        self.addon = eks.CfnAddon(
+            self,
+            "Addon",
+            addon_name=CLOUDWATCH_ADDON,
+            cluster_name=cluster.cluster_name,
+            addon_version=self.config.cloudwatch_addon_version,
+            configuration_values=json.dumps(values, sort_keys=True),
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=self.agent_role.role_arn, service_account=CLOUDWATCH_SERVICE_ACCOUNT
+                )
+            ],
+            resolve_conflicts="OVERWRITE",
+        )
+        self.addon.node.add_dependency(cluster.eks_pod_identity_agent, log_group)
+        stack = Stack.of(self)
+        self.dashboard = cloudwatch.CfnDashboard(
+            self,
+            "Dashboard",
+            dashboard_name=dashboard_name,
+            dashboard_body=stack.to_json_string(
+                dashboards.cloudwatch_body(
+                    region=stack.region,
+                    cluster_name=cluster.cluster_name,
+                    namespace=EMF_NAMESPACE,
+                    scrape_interval_seconds=self.config.scrape_interval_seconds,
+                )
+            ),
+        )
+
+    def _amp(self, cluster: eks.Cluster, subnets: Sequence[ec2.ISubnet]) -> None:
+        if self.config.amp_workspace_arn:
+            self.workspace_arn = self.config.amp_workspace_arn
+        else:
+            workspace = aps.CfnWorkspace(self, "Workspace", alias=f"{cluster.cluster_name}-pd-serving")
+            self.workspace_arn = workspace.attr_arn
+        log_group = self._log_group(f"/aws/vendedlogs/prometheus/{cluster.cluster_name}/scraper")
+        self.scraper = aps.CfnScraper(
+            self,
+            "Scraper",
+            alias=f"{cluster.cluster_name}-ray",
+            source=aps.CfnScraper.SourceProperty(
+                eks_configuration=aps.CfnScraper.EksConfigurationProperty(
+                    cluster_arn=cluster.cluster_arn,
+                    subnet_ids=[s.subnet_id for s in subnets],
+                    # Nodes and pods share the cluster security group, which admits its own members.
+                    security_group_ids=[cluster.cluster_security_group_id],
+                )
+            ),
+            destination=aps.CfnScraper.DestinationProperty(
+                amp_configuration=aps.CfnScraper.AmpConfigurationProperty(workspace_arn=self.workspace_arn)
+            ),
+            scrape_configuration=aps.CfnScraper.ScrapeConfigurationProperty(
+                configuration_blob=yaml.safe_dump(self.scrape_config, sort_keys=False)
+            ),
+            scraper_logging_configuration=aps.CfnScraper.ScraperLoggingConfigurationProperty(
+                logging_destination=aps.CfnScraper.ScraperLoggingDestinationProperty(
+                    cloud_watch_logs=aps.CfnScraper.CloudWatchLogDestinationProperty(
+                        log_group_arn=log_group.log_group_arn
+                    )
+                ),
+                scraper_components=[
+                    aps.CfnScraper.ScraperComponentProperty(type=t) for t in ("SERVICE_DISCOVERY", "COLLECTOR", "EXPORTER")
+                ],
+            ),
+        )
+        # The scraper's service-linked role reaches the API server as this user, bound by RBAC below.
+        access = eks.CfnAccessEntry(
+            self,
+            "ScraperAccess",
+            cluster_name=cluster.cluster_name,
+            principal_arn=self.scraper.attr_role_arn,
+            username=AMP_SCRAPER_USER,
+            type="STANDARD",
+        )
+        rbac = cluster.add_manifest("ScraperRbac", *scraper_rbac())
+        rbac.node.add_dependency(access)
+
+
+def _retention_name(days: int) -> str:
+    names = {1: "ONE_DAY", 3: "THREE_DAYS", 5: "FIVE_DAYS", 7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH",
+             60: "TWO_MONTHS", 90: "THREE_MONTHS", 180: "SIX_MONTHS", 365: "ONE_YEAR"}
+    return names[days]

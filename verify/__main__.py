@@ -1,0 +1,148 @@
+"""`python -m verify --config config/dev.yaml`: check a deployed environment, one line per check.
+
+Without --base-url / --metrics-url it reaches the endpoint through `kubectl port-forward`: the
+serve service on 8000 and each running GPU worker pod's Ray metrics port (each pod exports only
+its own node's engine counters). --record DIR keeps every answer; --recorded DIR replays one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from config.loader import ConfigError, load_config
+from verify import checks
+from verify.kube import KubeError, KubectlRunner, RecordedKube, RecordingKube
+
+SERVE_PORT = 8000
+METRICS_PORT = 8080
+ENDPOINT_FILE = "endpoint.json"
+
+
+# --- port-forwarding: the only part that starts processes ---------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def port_forward(kubectl: KubectlRunner, namespace: str, target: str, port: int, timeout: float = 30) -> Iterator[str]:
+    """``http://127.0.0.1:<local>`` forwarded to ``target``'s ``port`` until the block ends."""
+    local = _free_port()
+    process = subprocess.Popen(
+        [*kubectl.base, "port-forward", "-n", namespace, target, f"{local}:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise KubeError(f"kubectl port-forward {target} exited: {process.stderr.read().strip()}")
+            try:
+                socket.create_connection(("127.0.0.1", local), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise KubeError(f"kubectl port-forward {target} did not open within {timeout:.0f} s") from None
+                time.sleep(0.3)
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# --- the endpoint checks, live or replayed -------------------------------------------------------
+
+def live_endpoint(args: argparse.Namespace, kubectl: KubectlRunner, namespace: str, name: str, model: str):
+    def measure(workers: dict[str, str]) -> list[checks.CheckResult]:
+        with ExitStack() as stack:
+            base_url = args.base_url or stack.enter_context(
+                port_forward(kubectl, namespace, f"svc/{name}-serve-svc", SERVE_PORT)
+            ) + "/v1"
+            # A deployment label per URL ("Decode/<pod>"): the phase is where the text came from.
+            metrics = {}
+            for item in args.metrics_url:
+                phase, url = item.split("=", 1)
+                metrics[f"{phase.capitalize()}/{phase}"] = url
+            if not metrics:
+                for pod, phase in sorted(workers.items()):
+                    url = stack.enter_context(port_forward(kubectl, namespace, f"pod/{pod}", METRICS_PORT))
+                    metrics[f"{phase.capitalize()}/{pod}"] = f"{url}/metrics"
+            return checks.verify_kv_reuse(
+                base_url, model, lambda: checks.phase_snapshot(metrics), timeout=args.timeout
+            )
+
+    def run(workers: dict[str, str]) -> list[checks.CheckResult]:
+        try:
+            results = measure(workers)
+        except (KubeError, OSError) as exc:
+            reason = f"endpoint unreachable: {exc}"
+            return [checks.CheckResult(checks.CHAT, False, reason), checks.CheckResult(checks.KV, False, reason)]
+        if args.record:
+            record = json.dumps(checks.endpoint_record(results), indent=1)
+            (Path(args.record) / ENDPOINT_FILE).write_text(record + "\n")
+        return results
+
+    return run
+
+
+def recorded_endpoint(directory: str):
+    def run(_workers: dict[str, str]) -> list[checks.CheckResult]:
+        path = Path(directory) / ENDPOINT_FILE
+        return checks.replay_endpoint(json.loads(path.read_text()) if path.is_file() else {})
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the environment's config, e.g. config/dev.yaml")
+    parser.add_argument("--base-url", help="OpenAI base URL ending in /v1 (default: port-forward the serve service)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="PHASE=URL",
+                        help="a Ray metrics URL and the phase whose engines it shows, e.g. decode=http://…/metrics; repeatable")
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--context")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for counters to move")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--recorded", metavar="DIR", help="replay outputs recorded with --record")
+    source.add_argument("--record", metavar="DIR", help="keep every output here (for a bug report)")
+    args = parser.parse_args(argv)
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"Config error:\n{exc}", file=sys.stderr)
+        return 2
+    rs, model = config.ray_service, config.serving.model.model_id
+    bad = [item for item in args.metrics_url if "=" not in item]
+    if bad:
+        parser.error(f"--metrics-url wants PHASE=URL, got {bad[0]!r}")
+    if args.recorded:
+        kube, endpoint = RecordedKube(args.recorded), recorded_endpoint(args.recorded)
+    else:
+        kubectl = KubectlRunner(args.kubeconfig, args.context)
+        kube = RecordingKube(kubectl, args.record) if args.record else kubectl
+        endpoint = live_endpoint(args, kubectl, rs.namespace, rs.name, model)
+    try:
+        results = checks.run_all(kube, namespace=rs.namespace, name=rs.name, app_name=config.serving.app_name, endpoint=endpoint)
+    except KubeError as exc:
+        print(f"FAIL cluster: {exc}", file=sys.stderr)
+        return 2
+    return checks.render(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The checks of `make verify`, each a function of parsed data that returns a :class:`CheckResult`.
+
+Only ``chat_completion_works``, ``verify_kv_reuse`` and the snapshot helpers touch the network;
+everything else reads JSON that kubectl printed or counters already scraped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from local.metrics import (
+    Sample,
+    NIXL_TRANSFERS,
+    PROMPT_TOKENS_BY_SOURCE,
+    counter_delta,
+    engine_counters,
+    parse,
+    scrape,
+)
+from serve_app.spec import PHASES
+from verify.kube import Kube, KubeError
+
+# Kept equal to cdk_constructs.node_groups / ray_service_manifest (a test compares them); importing
+# those here would load aws-cdk-lib just to verify a cluster.
+PHASE_LABEL = "pd-serving/phase"
+WORKER_GROUPS = {f"{phase}-gpu": phase for phase in PHASES}
+WORKER_CONTAINER = "ray-worker"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_RESOURCE = "nvidia.com/gpu"
+RAY_PODS_SELECTOR = "ray.io/is-ray-node=yes"
+
+# Evidence that NIXL's LIBFABRIC backend runs on the efa provider, and of a fallback. Best effort:
+# the wording comes from NIXL's libfabric plugin (INFO level) and libfabric's own log, and changes
+# between versions; a pod that logs neither fails with a hint instead of passing silently.
+EFA_PROVIDER_PATTERNS = (r"Discovered \d+ EFA devices", r"provider\s*[=:]\s*efa\b")
+FALLBACK_PATTERNS = (
+    r"TCP fallback",
+    r"simplified topology for (tcp|sockets)",
+    r"provider\s*[=:]\s*(tcp|sockets)\b",
+    r"Backend UCX was instantiated",
+)
+
+Counters = dict[tuple[str, str, str], float]
+
+READY, PLACED, EFA, NIXL, CHAT, KV = (
+    "RayService ready",
+    "replicas on their node groups",
+    "EFA allocated to workers",
+    "NIXL uses EFA",
+    "chat completion",
+    "KV transferred, no recompute",
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    evidence: str
+    # What later checks or a recording need (the active RayCluster, the prompt length, counters).
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def _result(name: str, problems: list[str], facts: list[str], **data: Any) -> CheckResult:
+    return CheckResult(name, not problems, "; ".join(problems or facts) or "nothing to show", data)
+
+
+def rayservice_ready(rayservice: dict, app_name: str | None = None) -> CheckResult:
+    """KubeRay v1 status: the Ready condition, the app RUNNING and every deployment HEALTHY."""
+    status = rayservice.get("status") or {}
+    problems, facts = [], []
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None:
+        problems.append("status has no Ready condition (is the KubeRay operator 1.3 or newer running?)")
+    elif ready.get("status") == "True":
+        facts.append(f"Ready=True ({ready.get('reason', '')})")
+    else:
+        problems.append(f"Ready={ready.get('status')} ({ready.get('reason', '')}: {ready.get('message', '')})")
+    active = status.get("activeServiceStatus") or {}
+    apps = active.get("applicationStatuses") or {}
+    for app in [app_name] if app_name else sorted(apps) or ["(any)"]:
+        state = apps.get(app)
+        if state is None:
+            problems.append(f"Serve application {app!r} not reported (reported: {', '.join(apps) or 'none'})")
+            continue
+        if state.get("status") != "RUNNING":
+            problems.append(f"application {app} is {state.get('status')}: {state.get('message', '')}".rstrip(": "))
+        deployments = state.get("serveDeploymentStatuses") or {}
+        unhealthy = [f"{n}={d.get('status')}" for n, d in sorted(deployments.items()) if d.get("status") != "HEALTHY"]
+        if unhealthy or not deployments:
+            problems.append(f"deployments not HEALTHY: {', '.join(unhealthy) or 'none reported'}")
+        else:
+            facts.append(f"application {app} RUNNING, {', '.join(f'{n}=HEALTHY' for n in sorted(deployments))}")
+    cluster = active.get("rayClusterName")
+    if cluster:
+        facts.append(f"cluster {cluster}")
+    pending = (status.get("pendingServiceStatus") or {}).get("rayClusterName")
+    if pending:
+        facts.append(f"upgrade to {pending} pending")
+    return _result(READY, problems, facts, cluster=cluster)
+
+
+def worker_pods(pods: dict, cluster: str | None = None) -> dict[str, dict]:
+    """Pods of the GPU worker groups (of the active RayCluster, when known), by name."""
+    found = {}
+    for pod in pods.get("items") or []:
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("ray.io/node-type") != "worker" or labels.get("ray.io/group") not in WORKER_GROUPS:
+            continue
+        if cluster and labels.get("ray.io/cluster") != cluster:
+            continue
+        found[pod["metadata"]["name"]] = pod
+    return found
+
+
+def _group(pod: dict) -> str:
+    return pod["metadata"]["labels"]["ray.io/group"]
+
+
+def _running(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def replicas_on_their_node_groups(pods: dict, nodes: dict, cluster: str | None = None) -> CheckResult:
+    phase_of = {
+        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(PHASE_LABEL)
+        for n in nodes.get("items") or []
+    }
+    workers = worker_pods(pods, cluster)
+    problems, facts = [], []
+    for group, phase in WORKER_GROUPS.items():
+        mine = {name: pod for name, pod in workers.items() if _group(pod) == group}
+        if not any(_running(pod) for pod in mine.values()):
+            problems.append(f"{group}: no running pod")
+        for name, pod in sorted(mine.items()):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node is None:
+                continue
+            got = phase_of.get(node)
+            where = f"{name} on {node} ({PHASE_LABEL}={got or 'unset'})"
+            if got == phase:
+                facts.append(f"{group}: {where}")
+            else:
+                problems.append(f"{group}: {where}, expected {phase}")
+    return _result(PLACED, problems, facts)
+
+
+def _quantity(container: dict, resource: str) -> int:
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
+    return int(value or 0)
+
+
+def efa_allocated(pods: dict, cluster: str | None = None) -> CheckResult:
+    """Every GPU worker pod holds at least one EFA device (extended resources are all-or-nothing)."""
+    workers = worker_pods(pods, cluster)
+    problems, facts = [], []
+    for group in WORKER_GROUPS:
+        if not any(_group(p) == group for p in workers.values()):
+            problems.append(f"{group}: no worker pod")
+    for name, pod in sorted(workers.items()):
+        containers = (pod.get("spec") or {}).get("containers") or []
+        efa = sum(_quantity(c, EFA_RESOURCE) for c in containers)
+        gpus = sum(_quantity(c, GPU_RESOURCE) for c in containers)
+        phase = (pod.get("status") or {}).get("phase")
+        if efa < 1:
+            problems.append(f"{name} requests no {EFA_RESOURCE}")
+        elif phase != "Running":
+            problems.append(f"{name} asks for {EFA_RESOURCE}={efa} but is {phase}")
+        else:
+            facts.append(f"{name}: {EFA_RESOURCE}={efa}, {GPU_RESOURCE}={gpus}, Running")
+    return _result(EFA, problems, facts)
+
+
+def _first_line(patterns: tuple[str, ...], text: str) -> str | None:
+    for line in text.splitlines():
+        if any(re.search(p, line, re.IGNORECASE) for p in patterns):
+            return line.strip()[:160]
+    return None
+
+
+def nixl_uses_efa(logs: Mapping[str, str]) -> CheckResult:
+    """``logs`` maps each worker pod to its log text; every pod must show efa and no fallback."""
+    problems, facts = [], []
+    if not logs:
+        problems.append("no worker logs to read")
+    for pod, text in sorted(logs.items()):
+        fallback = _first_line(FALLBACK_PATTERNS, text)
+        efa = _first_line(EFA_PROVIDER_PATTERNS, text)
+        if fallback:
+            problems.append(f"{pod} fell back: {fallback!r}")
+        elif not efa:
+            problems.append(
+                f"{pod}: no log line names the efa provider (NIXL logs it at INFO; set NIXL_LOG_LEVEL=INFO)"
+            )
+        else:
+            facts.append(f"{pod}: {efa!r}")
+    return _result(NIXL, problems, facts)
+
+
+def unique_prompt() -> str:
+    # A fresh prefix keeps both engines' prefix caches out of the measurement.
+    return f"verify {uuid.uuid4().hex}: in two sentences, say why a KV cache speeds up decoding."
+
+
+def judge_chat(response: Mapping[str, Any]) -> CheckResult:
+    """A chat completion response (``ChatCompletion.model_dump()``) or ``{"error": "..."}``."""
+    if "error" in response:
+        return CheckResult(CHAT, False, str(response["error"]), {"response": dict(response)})
+    choice = (response.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    usage = response.get("usage") or {}
+    prompt_tokens, completion_tokens = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    passed = message.get("role") == "assistant" and completion_tokens >= 1
+    evidence = (
+        f"{response.get('model')}: {prompt_tokens} prompt + {completion_tokens} completion tokens, "
+        f"finish_reason={choice.get('finish_reason')}, reply {(message.get('content') or '')[:40]!r}"
+    )
+    return CheckResult(CHAT, passed, evidence, {"response": dict(response), "prompt_tokens": prompt_tokens})
+
+
+def chat_completion_works(
+    base_url: str, model: str, *, prompt: str | None = None, max_tokens: int = 16, timeout: float = 120
+) -> CheckResult:
+    """One chat completion through the OpenAI endpoint at ``base_url`` (ending in /v1)."""
+    try:
+        import openai
+    except ImportError:
+        return judge_chat({"error": "the openai package is not installed in this environment"})
+    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=timeout, max_retries=0)
+    try:
+        response = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt or unique_prompt()}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+    except openai.OpenAIError as exc:
+        return judge_chat({"error": f"POST {base_url}/chat/completions failed: {type(exc).__name__}: {exc}"})
+    return judge_chat(response.model_dump())
+
+
+def kv_transferred(before: Counters, after: Counters, prompt_tokens: int) -> CheckResult:
+    """Prefill computed the prompt, decode received it over NIXL and computed none of it itself."""
+    def delta(prefix: str, metric: str, source: str = "") -> float:
+        return counter_delta(before, after, prefix, metric, source)
+
+    prefilled = delta("Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute")
+    received = delta("Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
+    recomputed = delta("Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute")
+    transfers = delta("Decode", NIXL_TRANSFERS)
+    problems = []
+    if prompt_tokens < 1:
+        problems.append("no prompt was sent")
+    if prefilled < prompt_tokens:
+        problems.append(f"prefill computed {prefilled:g} of {prompt_tokens} prompt tokens")
+    if received < prompt_tokens:
+        problems.append(f"decode received {received:g} of {prompt_tokens} prompt tokens over external_kv_transfer")
+    if recomputed:
+        problems.append(f"decode recomputed {recomputed:g} prompt tokens (local_compute)")
+    if transfers < 1:
+        problems.append("no NIXL transfer was counted on decode")
+    facts = (
+        f"prompt {prompt_tokens} tokens; prefill local_compute +{prefilled:g}; decode "
+        f"external_kv_transfer +{received:g}, local_compute +{recomputed:g}; NIXL transfers +{transfers:g}"
+    )
+    return CheckResult(KV, not problems, "; ".join(problems) + (f" ({facts})" if problems else facts),
+                       {"before": before, "after": after, "prompt_tokens": prompt_tokens})
+
+
+def engine_snapshot(metrics_url: str, replicas: Mapping[str, str]) -> Counters:
+    """Counters of one metrics endpoint whose replica ids ``replicas`` maps to deployments."""
+    return engine_counters(scrape(metrics_url), dict(replicas))
+
+
+def _by_label(samples: Mapping[str, list[Sample]]) -> Counters:
+    totals: Counters = defaultdict(float)
+    for label, found in samples.items():
+        for sample in found:
+            if sample.name.startswith("ray_vllm_"):
+                totals[(label, sample.name, sample.labels.get("source", ""))] += sample.value
+    return dict(totals)
+
+
+def phase_counters(texts: Mapping[str, str]) -> Counters:
+    """Counters from Prometheus texts keyed by deployment label ("Decode/<pod>").
+
+    On the cluster each worker pod's metrics port shows only its own node's engines, so where a
+    text was scraped says which phase it belongs to; no replica map is needed.
+    """
+    return _by_label({label: parse(text) for label, text in texts.items()})
+
+
+def phase_snapshot(metrics_urls: Mapping[str, str]) -> Counters:
+    """:func:`phase_counters` of metrics URLs keyed by deployment label."""
+    return _by_label({label: scrape(url) for label, url in metrics_urls.items()})
+
+
+def settled(snapshot: Callable[[], Counters], poll: float = 2.0, timeout: float = 60) -> Counters:
+    """A snapshot once two in a row agree: Ray exports counters on an interval."""
+    deadline = time.monotonic() + timeout
+    previous = snapshot()
+    while True:
+        time.sleep(poll)
+        current = snapshot()
+        if current == previous or time.monotonic() > deadline:
+            return current
+        previous = current
+
+
+def verify_kv_reuse(
+    base_url: str, model: str, snapshot: Callable[[], Counters], *, timeout: float = 60, poll: float = 2.0
+) -> list[CheckResult]:
+    """One chat completion, then its KV transfer read from the counters ``snapshot`` returns.
+
+    Assumes no other traffic: another request's prompt would show up in the same counters.
+    """
+    before = settled(snapshot, poll, timeout)
+    chat = chat_completion_works(base_url, model)
+    if not chat.passed:
+        return [chat, CheckResult(KV, False, "no completion, so no transfer to measure")]
+    deadline = time.monotonic() + timeout
+    while True:
+        result = kv_transferred(before, snapshot(), chat.data["prompt_tokens"])
+        if result.passed or time.monotonic() > deadline:
+            return [chat, result]
+        time.sleep(poll)
+
+
+def endpoint_record(results: list[CheckResult]) -> dict:
+    """The chat response and counters behind the endpoint checks, as JSON for a recording."""
+    by_name = {r.name: r.data for r in results}
+    return {
+        "chat": by_name.get(CHAT, {}).get("response", {}),
+        **{
+            key: [[*k, v] for k, v in sorted(by_name.get(KV, {}).get(key, {}).items())]
+            for key in ("before", "after")
+        },
+    }
+
+
+def replay_endpoint(record: Mapping[str, Any]) -> list[CheckResult]:
+    chat = judge_chat(record.get("chat") or {"error": "no chat completion was recorded"})
+    counters = {key: {(d, m, s): v for d, m, s, v in record.get(key, [])} for key in ("before", "after")}
+    return [chat, kv_transferred(counters["before"], counters["after"], chat.data.get("prompt_tokens", 0))]
+
+
+def run_all(
+    kube: Kube,
+    *,
+    namespace: str,
+    name: str,
+    app_name: str,
+    endpoint: Callable[[dict[str, str]], list[CheckResult]],
+) -> list[CheckResult]:
+    """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two."""
+    ready = rayservice_ready(kube.get_json(["get", "rayservice", name, "-n", namespace]), app_name)
+    cluster = ready.data.get("cluster")
+    pods = kube.get_json(["get", "pods", "-n", namespace, "-l", RAY_PODS_SELECTOR])
+    nodes = kube.get_json(["get", "nodes"])
+    running = {n: WORKER_GROUPS[_group(p)] for n, p in worker_pods(pods, cluster).items() if _running(p)}
+    logs = {}
+    for pod in sorted(running):
+        try:
+            logs[pod] = kube.logs(pod, namespace, WORKER_CONTAINER) + kube.ray_logs(pod, namespace, WORKER_CONTAINER)
+        except KubeError as exc:
+            logs[pod] = f"(logs unreadable: {exc})"
+    return [
+        ready,
+        replicas_on_their_node_groups(pods, nodes, cluster),
+        efa_allocated(pods, cluster),
+        nixl_uses_efa(logs),
+        *endpoint(running),
+    ]
+
+
+def render(results: list[CheckResult], out: TextIO) -> int:
+    """``PASS|FAIL name: evidence`` per check; the exit code (0 when every check passed)."""
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.evidence}", file=out)
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed}/{len(results)} checks passed", file=out)
+    return 1 if failed else 0
