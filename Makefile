@@ -88,8 +88,8 @@ bench-compare: $(VENV)/.serve
 	$(PY) -m bench.compare $(if $(LOCAL),--local,--pd-url $(PD_URL) --colocated-url $(COLOCATED_URL)) \
 	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
 
-verify: $(VENV)/.serve
-	$(PY) -m verify --config $(CONFIG)
+verify: $(VENV)/.dev
+	$(PY) -m verify --config $(CONFIG) $(VERIFY_ARGS)
 
 clean:
 	rm -rf $(OUTDIR) .pytest_cache

@@ -55,10 +55,10 @@ def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def bench_local(mode: str, port: int, metrics_port: int, **kwargs) -> list[Row]:
+def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = None, **kwargs) -> list[Row]:
     from local.harness import LocalServer
 
-    server = LocalServer(mode=mode, port=port, metrics_port=metrics_port).start()
+    server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
         return run_workload(url=server.base_url, **kwargs)
     finally:
@@ -66,12 +66,13 @@ def bench_local(mode: str, port: int, metrics_port: int, **kwargs) -> list[Row]:
 
 
 def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
-            pd_url: str | None = None, colocated_url: str | None = None, local: bool = False) -> str:
+            pd_url: str | None = None, colocated_url: str | None = None, local: bool = False,
+            spec: Path | None = None) -> str:
     workload = workload_named(workload_name)
     common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
     if local:
-        pd_rows = bench_local("disaggregated", 8000, 8085, label="disaggregated", **common)
-        colocated_rows = bench_local("colocated", 8000, 8085, label="colocated", **common)
+        pd_rows = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
+        colocated_rows = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
     else:
         pd_rows = run_workload(url=pd_url, label="disaggregated", **common)
         colocated_rows = run_workload(url=colocated_url, label="colocated", **common)
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pd-url")
     parser.add_argument("--colocated-url")
-    parser.add_argument("--local", action="store_true", help="start the local CPU servers in turn")
+    parser.add_argument("--local", action="store_true", help="start the local servers in turn")
+    parser.add_argument("--spec", default=None, help="serving spec of the local servers (default config/local.yaml)")
     parser.add_argument("--workload", default="long-prompt")
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--tokenizer", default=default_tokenizer())
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --pd-url and --colocated-url, or --local")
     out_dir = Path(args.out) if args.out else dated_dir()
     print(compare(workload_name=args.workload, model=args.model, tokenizer=args.tokenizer, out_dir=out_dir,
-                  pd_url=args.pd_url, colocated_url=args.colocated_url, local=args.local))
+                  pd_url=args.pd_url, colocated_url=args.colocated_url, local=args.local,
+                  spec=Path(args.spec) if args.spec else None))
     print(f"results in {out_dir}")
     return 0
 

@@ -131,7 +131,9 @@ def cloudwatch_addon_values(*, cluster_name: str, log_group_name: str, scrape: d
                     }
                 }
             },
-            "prometheus": {"config": scrape},
+            # The agent runs on every node; the target allocator hands each Ray pod to one agent
+            # so that no series is scraped (and billed) once per node.
+            "prometheus": {"config": scrape, "targetAllocator": {"enabled": True}},
         }
     }
 

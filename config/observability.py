@@ -18,7 +18,8 @@ class ObservabilityConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Literal["none", "cloudwatch", "amp"] = Field(
-        default="cloudwatch",
+        # amp by default: only it keeps the latency histograms (TTFT, TPOT, KV transfer time).
+        default="amp",
         description=(
             "Where Ray's and vLLM's Prometheus metrics go. cloudwatch: the Container Insights "
             "add-on's agent scrapes them into CloudWatch (gauges and counters only: the agent drops "

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config import catalog, versions
+from config.observability import ObservabilityConfig
 from serve_app.spec import PHASES, ServingSpec
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -424,6 +425,10 @@ class AppConfig(StrictModel):
     planner: PlannerSettings = Field(
         default_factory=PlannerSettings, description="Thresholds of the deployment planner."
     )
+    observability: ObservabilityConfig = Field(
+        default_factory=ObservabilityConfig,
+        description="Where Ray's and vLLM's Prometheus metrics are scraped to, and the per-phase dashboard.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -499,7 +504,8 @@ class AppConfig(StrictModel):
                         "GPUDirect RDMA; set buffer_device: cpu (KV staged in host memory)"
                     )
             capacity = sum(
-                g.max_size * (catalog.INSTANCES[g.instance_type].gpu_count // spec.tensor_parallel_size)
+                g.max_size
+                * int(catalog.INSTANCES[g.instance_type].gpu_count / (spec.tensor_parallel_size * spec.gpu_fraction))
                 for g in nodes
             )
             if spec.max_replicas > capacity:

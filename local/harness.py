@@ -24,6 +24,7 @@ class LocalServer:
     mode: str = "disaggregated"
     port: int = 8000
     metrics_port: int = 8085
+    spec: Path | None = None
     log_path: Path = field(default_factory=lambda: RUN_DIR / "server.log")
     process: subprocess.Popen | None = None
     status: dict = field(default_factory=dict)
@@ -42,6 +43,7 @@ class LocalServer:
             [
                 sys.executable, "-m", "local.server", "--mode", self.mode,
                 "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                *(["--spec", str(self.spec)] if self.spec else []),
             ],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -84,15 +84,13 @@ def serve(args: argparse.Namespace) -> int:
     from serve_app.app import build_app
 
     spec = local_spec(Path(args.spec), args.mode)
-    if spec.device != "cpu":
-        print(f"{args.spec}: device must be cpu for a local run", file=sys.stderr)
-        return 2
     ensure_tiny_model(spec.model.source)
     started = time.monotonic()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
 
+    # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
     ray.init(
         num_cpus=cpus_needed(spec),
         resources={resource: 1 for resource in PHASE_RESOURCE.values()},
@@ -105,7 +103,9 @@ def serve(args: argparse.Namespace) -> int:
     status_path = RUN_DIR / "status.json"
     base_url = f"http://127.0.0.1:{args.port}/v1"
     try:
-        ray_serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+        ray_serve.start(
+            http_options={"host": "127.0.0.1", "port": args.port, "request_timeout_s": spec.request_timeout_s}
+        )
         ray_serve.run(build_app(spec.model_dump(mode="json")), name=spec.app_name, route_prefix="/", blocking=False)
         wait_until_answering(base_url, args.ready_timeout)
         ready_seconds = time.monotonic() - started

@@ -23,7 +23,7 @@ def serve_config(spec: ServingSpec, *, working_dir: str | None = None) -> dict[s
     if working_dir:
         application["runtime_env"] = {"working_dir": working_dir}
     return {
-        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
+        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT, "request_timeout_s": spec.request_timeout_s},
         "applications": [application],
     }
 

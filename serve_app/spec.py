@@ -125,6 +125,15 @@ class PhaseSpec(SpecModel):
     cpus_per_replica: float = Field(
         default=4, gt=0, description="Ray CPUs reserved with each replica's first bundle."
     )
+    gpu_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description=(
+            "Share of a GPU each engine takes. Below 1, engines share a GPU (a small model, or "
+            "both phases on one GPU for a check); only with tensor_parallel_size 1."
+        ),
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra vLLM engine arguments for this phase (e.g. enforce_eager, max_num_seqs).",
@@ -132,6 +141,11 @@ class PhaseSpec(SpecModel):
 
     @model_validator(mode="after")
     def _replicas(self) -> PhaseSpec:
+        if self.gpu_fraction < 1 and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "gpu_fraction below 1 shares one GPU and cannot combine with tensor_parallel_size "
+                f"{self.tensor_parallel_size}; set gpu_fraction: 1 or tensor_parallel_size: 1"
+            )
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas}); "
@@ -186,6 +200,15 @@ class ServingSpec(SpecModel):
         description="Send a dummy request through every prefill replica at start-up so the NIXL "
         "handshake is done before the first user request.",
     )
+    request_timeout_s: float = Field(
+        default=600,
+        gt=0,
+        description=(
+            "Longest a request may take end to end before Serve answers it with HTTP 408. It "
+            "bounds what a client waits when a phase dies mid-request (its replacement takes "
+            "minutes to load the model); keep it above your longest legitimate generation."
+        ),
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment variables for every engine replica (never secrets).",
@@ -217,7 +240,7 @@ class ServingSpec(SpecModel):
         for index in range(spec.tensor_parallel_size):
             bundle: dict[str, float] = {"CPU": spec.cpus_per_replica if index == 0 else 1}
             if self.device == "cuda":
-                bundle["GPU"] = 1
+                bundle["GPU"] = spec.gpu_fraction
             if resource:
                 bundle[resource] = PHASE_RESOURCE_PER_BUNDLE
             bundles.append(bundle)

@@ -10,6 +10,7 @@ from constructs import Construct
 from cdk_constructs import addons
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.network import Network
+from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.schema import AppConfig
@@ -58,6 +59,18 @@ class PdServingStack(Stack):
             group.node.add_dependency(cni)
         eks_cluster.add_coredns_after(system.nodegroup)
 
+        observability = Observability(
+            self,
+            "Observability",
+            cluster=cluster,
+            config=config.observability,
+            namespace=config.ray_service.namespace,
+            dashboard_name=f"{config.name}-pd-serving",
+            subnets=network.private_subnets,
+        )
+        # The collector only becomes ACTIVE once its agents can run on a node.
+        observability.node.add_dependency(system.nodegroup)
+
         charts = config.charts
         addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
@@ -84,6 +97,8 @@ class PdServingStack(Stack):
         CfnOutput(self, "PortForwardCommand", value=serving.port_forward_command)
         CfnOutput(self, "OpenAiBaseUrl", value="http://127.0.0.1:8000/v1 (after the port-forward)")
         CfnOutput(self, "ServedModel", value=config.serving.model.model_id)
+        if observability.workspace_arn:
+            CfnOutput(self, "PrometheusWorkspaceArn", value=observability.workspace_arn)
         self.config = config
         self.cluster = cluster
         self.serving = serving

@@ -49,3 +49,22 @@ def dev_data():
 def bench_rows() -> dict:
     """Benchmark rows of each local mode, so the last module can put them side by side."""
     return {}
+
+
+def serve_locally(mode: str, port: int, metrics_port: int):
+    """A module's local server: started once, always stopped, and proven to leave nothing behind."""
+    from local.harness import LocalServer, session_processes
+
+    running = LocalServer(mode=mode, port=port, metrics_port=metrics_port).start()
+    try:
+        yield running
+    finally:
+        session = running.process.pid
+        running.stop()
+    assert session_processes(session) == [], "the local server left processes behind"
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)

@@ -80,3 +80,21 @@ def test_ratio_table_divides_disaggregated_by_colocated():
 
 def test_results_go_to_a_dated_folder(tmp_path):
     assert dated_dir(tmp_path, now=dt.datetime(2026, 11, 30, 12, 0, 5)) == tmp_path / "2026-11-30_120005"
+
+
+def test_gpu_check_script_is_valid_bash():
+    import subprocess
+
+    from bench.run import ROOT
+
+    result = subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu" / "run.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_gpu_fraction_cannot_combine_with_tensor_parallelism():
+    from pydantic import ValidationError
+
+    from serve_app.spec import PhaseSpec
+
+    with pytest.raises(ValidationError, match="cannot combine with tensor_parallel_size 2"):
+        PhaseSpec(gpu_fraction=0.5, tensor_parallel_size=2)

@@ -12,24 +12,20 @@ import time
 import openai
 import pytest
 
-from local.harness import LocalServer, session_processes
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
+from tests.conftest import openai_client, serve_locally
 
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
 def server():
-    running = LocalServer(mode="colocated", port=8001, metrics_port=8086).start()
-    yield running
-    session = running.process.pid
-    running.stop()
-    assert session_processes(session) == [], "the local server left processes behind"
+    yield from serve_locally("colocated", port=8001, metrics_port=8086)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(server)
 
 
 def test_same_model_same_endpoint_shape(client):

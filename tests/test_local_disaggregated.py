@@ -15,29 +15,26 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from local.harness import LocalServer, session_processes
+from local.harness import session_processes
 from local.metrics import (
     EXTERNAL_PREFIX_HITS,
     NIXL_TRANSFERS,
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
+from tests.conftest import openai_client, serve_locally
 
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
 def server():
-    running = LocalServer(mode="disaggregated", port=8000, metrics_port=8085).start()
-    yield running
-    session = running.process.pid
-    running.stop()
-    assert session_processes(session) == [], "the local server left processes behind"
+    yield from serve_locally("disaggregated", port=8000, metrics_port=8085)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(server)
 
 
 def unique_prompt(tag: str, length: int = 100) -> str:
@@ -275,6 +272,13 @@ def test_ratios_against_colocated_from_the_same_session(bench_rows):
     assert "×" in ratios
 
 
+def server_spec():
+    from local.server import DEFAULT_SPEC
+    from serve_app.spec import load_spec
+
+    return load_spec(str(DEFAULT_SPEC))
+
+
 def prefill_replica_pids(session: int) -> list[int]:
     pids = []
     for pid in session_processes(session):
@@ -308,11 +312,13 @@ def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
     loader.join(45 + REQUEST_TIMEOUT_S + 60)
     records = outcome["records"]
 
-    # Every request ended (success or a clear error) well within the client's timeout: none hung.
+    # Every request ended, with its answer or a clear HTTP error, by Serve's request timeout
+    # (plus scheduling slack), well before the client's own timeout: none hung.
+    bound = server_spec().request_timeout_s + 10
     assert records
-    assert all(r["seconds"] < REQUEST_TIMEOUT_S for r in records), [r for r in records if r["seconds"] >= REQUEST_TIMEOUT_S]
+    assert all(r["seconds"] < bound for r in records), [r for r in records if r["seconds"] >= bound][:3]
     errors = [r for r in records if r["outcome"] != "ok"]
-    assert all(r["outcome"].startswith("http 5") for r in errors), errors[:3]
+    assert all(r["outcome"] in ("http 408", "http 500", "http 502", "http 503") for r in errors), errors[:3]
 
     # The app recovers once Serve has restarted the prefill replica.
     recovered_after = None
@@ -337,3 +343,15 @@ def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
     after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
                               response.usage.prompt_tokens)
     assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == response.usage.prompt_tokens
+
+
+def test_verify_checks_pass_against_the_live_local_server(server):
+    """`make verify`'s endpoint checks, run for real against the local server."""
+    from verify.checks import engine_snapshot, verify_kv_reuse
+
+    chat, kv = verify_kv_reuse(
+        server.base_url, MODEL, lambda: engine_snapshot(server.status["metrics_url"], server.replicas())
+    )
+    assert chat.passed, chat.evidence
+    assert kv.passed, kv.evidence
+    assert "local_compute +0" in kv.evidence

@@ -179,7 +179,7 @@ def test_grafana_dashboard_has_every_panel_per_phase():
     [
         ({"scrape_interval_seconds": 45}, "scrape_interval_seconds=45 does not divide a CloudWatch minute"),
         ({"backend": "amp", "amp_workspace_arn": "ws-123"}, "is not a workspace ARN"),
-        ({"amp_workspace_arn": WORKSPACE}, "amp_workspace_arn is set but backend is cloudwatch; set backend: amp"),
+        ({"backend": "cloudwatch", "amp_workspace_arn": WORKSPACE}, "amp_workspace_arn is set but backend is cloudwatch; set backend: amp"),
         ({"cloudwatch_addon_version": "latest"}, "is not an EKS add-on version such as v4.5.0-eksbuild.1"),
         ({"backend": "prometheus"}, "Input should be 'none', 'cloudwatch' or 'amp'"),
         ({"extra": 1}, "Extra inputs are not permitted"),
@@ -200,5 +200,7 @@ def test_no_unacknowledged_aws_solutions_findings(app_config, tmp_path, backend)
     report = json.loads((tmp_path / "validation-report.json").read_text())
     (nag,) = [p for p in report["pluginReports"] if p["pluginName"] == "AwsSolutions"]
     assert nag["violations"] == []
+    if backend == "cloudwatch":
+        assert any("CloudWatchAgentServerPolicy" in f["ruleName"] + json.dumps(f) for f in nag["suppressedViolations"])
     for finding in nag["suppressedViolations"]:
         assert len(finding["reason"]) >= 20, finding["ruleName"]

@@ -128,3 +128,15 @@ def test_deploy_schema_rejects_a_broken_serve_config():
     del broken["applications"][0]["import_path"]
     with pytest.raises(ValidationError, match="import_path"):
         ServeDeploySchema.model_validate(broken)
+
+
+def test_one_gpu_check_spec_builds_with_half_a_gpu_per_phase(local_ray):
+    from serve_app.app import build_app
+
+    spec = load_spec(str(CONFIG_DIR.parent / "bench" / "gpu" / "one-gpu.yaml"))
+    deployments = graph(build_app(spec.model_dump(mode="json")))
+    assert deployments["Prefill:tiny-llama"]._replica_config.placement_group_bundles == [
+        {"CPU": 2, "GPU": 0.5, "pd_prefill": 0.001}
+    ]
+    kv = deployments["Decode:tiny-llama"].init_kwargs["llm_config"].engine_kwargs["kv_transfer_config"]
+    assert kv["kv_buffer_device"] == "cuda" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}

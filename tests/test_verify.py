@@ -1,0 +1,263 @@
+"""`make verify`'s checks on outputs recorded from a cluster, and its CLI replaying a recording."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verify import checks
+from verify.kube import KubeError, KubectlRunner, RecordedKube, RecordingKube
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "verify"
+HEALTHY = FIXTURES / "healthy"
+CRD = Path("/work/shared/reference/kuberay-crds/ray.io_rayservices.yaml")
+PREFILL_POD = "pd-llm-xk2vd-prefill-gpu-worker-7x9qz"
+DECODE_POD = "pd-llm-xk2vd-decode-gpu-worker-m4k2p"
+KUBE = RecordedKube(HEALTHY)
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def rayservice() -> dict:
+    return KUBE.get_json(["get", "rayservice", "pd-llm", "-n", "llm"])
+
+
+def pods() -> dict:
+    return KUBE.get_json(["get", "pods", "-n", "llm", "-l", checks.RAY_PODS_SELECTOR])
+
+
+def nodes() -> dict:
+    return KUBE.get_json(["get", "nodes"])
+
+
+def worker_logs() -> dict[str, str]:
+    return {pod: KUBE.ray_logs(pod, "llm", checks.WORKER_CONTAINER) for pod in (PREFILL_POD, DECODE_POD)}
+
+
+def test_ready_rayservice_passes_and_names_the_active_cluster():
+    result = checks.rayservice_ready(rayservice(), "llm")
+    assert result.passed, result.evidence
+    assert "Ready=True (NonZeroServeEndpoints)" in result.evidence
+    assert "Decode:qwen2.5-7b-instruct=HEALTHY" in result.evidence
+    assert result.data["cluster"] == "pd-llm-xk2vd"
+
+
+def test_rayservice_not_ready_fails_with_the_reason():
+    result = checks.rayservice_ready(load("rayservice_not_ready.json"), "llm")
+    assert not result.passed
+    assert "Ready=False (ZeroServeEndpoints" in result.evidence
+    assert "application llm is DEPLOYING" in result.evidence
+    assert "Decode:qwen2.5-7b-instruct=UPDATING" in result.evidence
+
+
+def test_rayservice_without_the_configured_app_fails():
+    result = checks.rayservice_ready(rayservice(), "other")
+    assert not result.passed
+    assert "'other' not reported (reported: llm)" in result.evidence
+
+
+@pytest.mark.skipif(not CRD.is_file(), reason="KubeRay CRD reference not present")
+@pytest.mark.parametrize("status_of", [rayservice, lambda: load("rayservice_not_ready.json")])
+def test_recorded_rayservice_status_matches_the_kuberay_crd(status_of):
+    import jsonschema
+    import yaml
+
+    crd = yaml.safe_load(CRD.read_text())
+    v1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    jsonschema.validate(status_of()["status"], v1["schema"]["openAPIV3Schema"]["properties"]["status"])
+
+
+def test_replicas_on_their_node_groups():
+    result = checks.replicas_on_their_node_groups(pods(), nodes(), "pd-llm-xk2vd")
+    assert result.passed, result.evidence
+    assert f"decode-gpu: {DECODE_POD} on ip-10-40-12-77.us-east-2.compute.internal (pd-serving/phase=decode)" in result.evidence
+
+
+def test_decode_pod_on_a_prefill_node_fails():
+    result = checks.replicas_on_their_node_groups(load("pods_decode_on_prefill_node.json"), nodes())
+    assert not result.passed
+    assert f"{DECODE_POD} on ip-10-40-12-34.us-east-2.compute.internal (pd-serving/phase=prefill), expected decode" in result.evidence
+
+
+def test_pods_of_another_ray_cluster_are_not_counted():
+    result = checks.replicas_on_their_node_groups(pods(), nodes(), "pd-llm-old")
+    assert not result.passed
+    assert "prefill-gpu: no running pod" in result.evidence
+
+
+def test_efa_allocated():
+    result = checks.efa_allocated(pods())
+    assert result.passed, result.evidence
+    assert f"{PREFILL_POD}: vpc.amazonaws.com/efa=1, nvidia.com/gpu=1, Running" in result.evidence
+
+
+def test_workers_without_efa_fail():
+    result = checks.efa_allocated(load("pods_without_efa.json"))
+    assert not result.passed
+    assert f"{DECODE_POD} requests no vpc.amazonaws.com/efa" in result.evidence
+
+
+def test_nixl_on_the_efa_provider_passes():
+    result = checks.nixl_uses_efa(worker_logs())
+    assert result.passed, result.evidence
+    assert "Discovered 1 EFA devices" in result.evidence
+
+
+def test_nixl_tcp_fallback_fails_with_the_log_line():
+    logs = {**worker_logs(), DECODE_POD: (FIXTURES / "logs_tcp_fallback.txt").read_text()}
+    result = checks.nixl_uses_efa(logs)
+    assert not result.passed
+    assert f"{DECODE_POD} fell back:" in result.evidence and "(TCP fallback)" in result.evidence
+
+
+def test_nixl_without_provider_lines_fails_with_a_hint():
+    result = checks.nixl_uses_efa({PREFILL_POD: "Ray runtime started.\n"})
+    assert not result.passed
+    assert "NIXL_LOG_LEVEL=INFO" in result.evidence
+
+
+def counters(prefill_local, decode_external, decode_local, transfers) -> checks.Counters:
+    metric = "ray_vllm_prompt_tokens_by_source_total"
+    return {
+        ("Prefill:tiny-llama", metric, "local_compute"): prefill_local,
+        ("Decode:tiny-llama", metric, "external_kv_transfer"): decode_external,
+        ("Decode:tiny-llama", metric, "local_compute"): decode_local,
+        ("Decode:tiny-llama", "ray_vllm_nixl_xfer_time_seconds_count", ""): transfers,
+    }
+
+
+def test_kv_transferred_without_recompute_passes():
+    result = checks.kv_transferred(counters(100, 100, 0, 2), counters(220, 220, 0, 3), 120)
+    assert result.passed, result.evidence
+    assert "decode external_kv_transfer +120, local_compute +0; NIXL transfers +1" in result.evidence
+
+
+@pytest.mark.parametrize(
+    "after, expected",
+    [
+        (counters(220, 100, 120, 2), "decode recomputed 120 prompt tokens"),
+        (counters(220, 220, 0, 2), "no NIXL transfer was counted on decode"),
+        (counters(100, 220, 0, 3), "prefill computed 0 of 120 prompt tokens"),
+    ],
+)
+def test_kv_not_transferred_fails(after, expected):
+    result = checks.kv_transferred(counters(100, 100, 0, 2), after, 120)
+    assert not result.passed
+    assert expected in result.evidence
+
+
+def test_phase_counters_attribute_each_scrape_to_its_phase():
+    text = (
+        "# TYPE ray_vllm_prompt_tokens_by_source_total counter\n"
+        'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r1",source="external_kv_transfer"} 46.0\n'
+        'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r1",source="local_compute"} 0.0\n'
+        'ray_vllm_nixl_xfer_time_seconds_count{ReplicaId="r1"} 1.0\n'
+        'ray_serve_num_http_requests_total{route="/"} 3.0\n'
+    )
+    prefill = 'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r0",source="local_compute"} 46.0\n'
+    after = checks.phase_counters({f"Decode/{DECODE_POD}": text, f"Prefill/{PREFILL_POD}": prefill})
+    assert checks.kv_transferred({}, after, 46).passed
+    assert all(metric.startswith("ray_vllm_") for _, metric, _ in after)
+
+
+def test_chat_completion_against_nothing_fails_with_the_error():
+    result = checks.chat_completion_works("http://127.0.0.1:9/v1", "m", timeout=5)
+    assert not result.passed
+    assert result.evidence.startswith("POST http://127.0.0.1:9/v1/chat/completions failed: APIConnectionError")
+
+
+def test_recording_writes_the_files_replay_reads(tmp_path):
+    recording = RecordingKube(KUBE, tmp_path)
+    recording.get_json(["get", "nodes"])
+    recording.ray_logs(DECODE_POD, "llm", checks.WORKER_CONTAINER)
+    assert {p.name for p in tmp_path.iterdir()} <= {p.name for p in HEALTHY.iterdir()}
+    assert RecordedKube(tmp_path).get_json(["get", "nodes"]) == nodes()
+    with pytest.raises(KubeError, match="no recorded output for `kubectl get pods`"):
+        RecordedKube(tmp_path).get_json(["get", "pods"])
+
+
+def test_missing_kubectl_is_a_clear_error():
+    runner = KubectlRunner()
+    runner.base = ["kubectl-that-is-not-installed"]
+    with pytest.raises(KubeError, match="not on PATH"):
+        runner.get_json(["get", "nodes"])
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_wrong_context_is_a_clear_error(tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    with pytest.raises(KubeError, match="kubeconfig points at this environment's cluster"):
+        KubectlRunner(str(kubeconfig), "pd-dev").get_json(["get", "nodes"])
+
+
+def test_constants_match_the_rayservice_manifest():
+    from cdk_constructs import ray_service_manifest as manifest
+    from cdk_constructs.node_groups import PHASE_LABEL
+    from config.loader import load_config
+    from verify import __main__ as cli
+
+    config = load_config(ROOT / "config" / "dev.yaml")
+    assert checks.PHASE_LABEL == PHASE_LABEL
+    assert (cli.METRICS_PORT, cli.SERVE_PORT) == (manifest.METRICS_PORT, manifest.SERVE_PORT)
+    for phase in ("prefill", "decode"):
+        group = manifest.worker_group(config, phase, image="i", service_account="s")
+        container = group["template"]["spec"]["containers"][0]
+        assert checks.WORKER_GROUPS[group["groupName"]] == phase
+        assert container["name"] == checks.WORKER_CONTAINER
+        assert checks.EFA_RESOURCE in container["resources"]["limits"]
+        assert group["template"]["spec"]["nodeSelector"][PHASE_LABEL] == phase
+
+
+def verify_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verify", "--config", "config/dev.yaml", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_cli_on_a_healthy_recording_passes_every_check():
+    done = verify_cli("--recorded", str(HEALTHY))
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        "PASS RayService ready",
+        "PASS replicas on their node groups",
+        "PASS EFA allocated to workers",
+        "PASS NIXL uses EFA",
+        "PASS chat completion",
+        "PASS KV transferred, no recompute",
+    ]
+    assert lines[-1] == "6/6 checks passed"
+
+
+def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(HEALTHY, broken)
+    pods_file = broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json"
+    shutil.copy(FIXTURES / "pods_decode_on_prefill_node.json", pods_file)
+    decode_log = next(broken.glob(f"exec_{DECODE_POD}_*.txt"))
+    shutil.copy(FIXTURES / "logs_tcp_fallback.txt", decode_log)
+    (broken / "endpoint.json").unlink()
+    done = verify_cli("--recorded", str(broken))
+    assert done.returncode == 1
+    out = done.stdout
+    assert "PASS RayService ready:" in out and "PASS EFA allocated to workers:" in out
+    assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
+    assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
+    assert "FAIL chat completion: no chat completion was recorded" in out
+    assert out.splitlines()[-1] == "2/6 checks passed"
+
+
+def test_cli_without_a_cluster_answer_exits_2(tmp_path):
+    done = verify_cli("--recorded", str(tmp_path))
+    assert done.returncode == 2
+    assert "no recorded output for `kubectl get rayservice pd-llm -n llm`" in done.stderr
