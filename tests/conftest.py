@@ -68,3 +68,28 @@ def openai_client(server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+
+
+def report_measurement(name: str, data: dict) -> None:
+    """Writes a measured number for the record (results/local-tests/); tests never assert timings."""
+    import json
+
+    out = ROOT / "results" / "local-tests"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(f"\n{name}: {json.dumps(data)}")
+
+
+def measure_one_request(server, client, model: str) -> dict:
+    import time
+
+    started = time.monotonic()
+    response = client.completions.create(
+        model=model, prompt="m" * 100, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    return {
+        "ready_seconds": server.status["ready_seconds"],
+        "one_request_seconds": round(time.monotonic() - started, 3),
+        "prompt_tokens": response.usage.prompt_tokens,
+        "completion_tokens": response.usage.completion_tokens,
+    }

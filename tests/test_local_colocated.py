@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
-from tests.conftest import openai_client, serve_locally
+from tests.conftest import measure_one_request, openai_client, report_measurement, serve_locally
 
 MODEL = "tiny-llama"
 
@@ -26,6 +26,12 @@ def server():
 @pytest.fixture(scope="module")
 def client(server):
     return openai_client(server)
+
+
+def test_ready_time_and_one_request_latency_are_recorded(server, client):
+    measured = measure_one_request(server, client, MODEL)
+    report_measurement("colocated-ready-and-latency", measured)
+    assert measured["prompt_tokens"] == 100 and measured["completion_tokens"] == 8
 
 
 def test_same_model_same_endpoint_shape(client):

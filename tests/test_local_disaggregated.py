@@ -22,7 +22,7 @@ from local.metrics import (
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
-from tests.conftest import openai_client, serve_locally
+from tests.conftest import measure_one_request, openai_client, report_measurement, serve_locally
 
 MODEL = "tiny-llama"
 
@@ -53,6 +53,12 @@ def wait_for_counters(server, before, deployment, metric, source, at_least, time
         if counter_delta(before, after, deployment, metric, source) >= at_least or time.monotonic() > deadline:
             return after
         time.sleep(1)
+
+
+def test_ready_time_and_one_request_latency_are_recorded(server, client):
+    measured = measure_one_request(server, client, MODEL)
+    report_measurement("disaggregated-ready-and-latency", measured)
+    assert measured["prompt_tokens"] == 100 and measured["completion_tokens"] == 8
 
 
 def test_models_lists_the_served_model(client):
@@ -223,19 +229,10 @@ def summary(records: list[dict], seconds: float) -> dict:
     }
 
 
-def report(name: str, data: dict) -> None:
-    from local.server import ROOT
-
-    out = ROOT / "results" / "local-tests"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
-    print(f"\n{name}: {json.dumps(data)}")
-
-
 def test_bounded_load_has_no_failed_requests(server):
     records = run_load(server.base_url, clients=LOAD_CLIENTS, seconds=LOAD_SECONDS)
     result = summary(records, LOAD_SECONDS)
-    report("load-16-clients-60s", result)
+    report_measurement("load-16-clients-60s", result)
     failures = [r for r in records if r["outcome"] != "ok"]
     assert result["requests"] >= LOAD_CLIENTS
     assert failures == []
@@ -267,7 +264,7 @@ def test_ratios_against_colocated_from_the_same_session(bench_rows):
     if "colocated" not in bench_rows:
         pytest.skip("the colocated module did not run in this session")
     ratios = ratio_table([Row(**r) for r in bench_rows["disaggregated"]], [Row(**r) for r in bench_rows["colocated"]])
-    report("bench-tiny-ratios", {"table": ratios})
+    report_measurement("bench-tiny-ratios", {"table": ratios})
     assert ratios.count("\n") == 3  # header, rule, two concurrency levels
     assert "×" in ratios
 
@@ -330,7 +327,7 @@ def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
             break
         except openai.APIError:
             time.sleep(5)
-    report(
+    report_measurement(
         "prefill-killed-under-load",
         {**summary(records, 45), "errors": sorted({r["outcome"] for r in errors}),
          "recovered_after_s": round(recovered_after or -1, 1)},
