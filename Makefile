@@ -65,7 +65,7 @@ synth: $(VENV)/.runtime node_modules/.installed
 
 deploy: $(VENV)/.runtime node_modules/.installed
 	$(PY) -m cli.deploy_guard $(CONFIG)
-	$(CDK) deploy $(CDK_FLAGS) --output $(OUTDIR) --require-approval broadening
+	$(CDK) deploy $(CDK_FLAGS) --output $(OUTDIR) --require-approval broadening --progress events
 
 destroy: $(VENV)/.runtime node_modules/.installed
 	$(CDK) destroy $(CDK_FLAGS) --output $(OUTDIR) --force
