@@ -28,7 +28,9 @@ from bench.run import (
 
 
 def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}×" if b else "n/a"
+    # Below a microsecond a latency is a streaming artefact (several tokens in one event), not a
+    # measurement worth dividing by.
+    return f"{a / b:.2f}×" if b > 1e-3 else "n/a"
 
 
 def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
