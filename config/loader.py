@@ -23,6 +23,10 @@ class ConfigError(Exception):
 
 def config_path_for(env: str) -> Path:
     path = CONFIG_DIR / f"{env}.yaml"
+    if env.startswith("local"):
+        raise ConfigError(
+            str(path), ["this is the serving spec that `make local` runs, not an environment; use ENV=dev"]
+        )
     if not path.is_file():
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local"))
         raise ConfigError(

@@ -155,6 +155,11 @@ def test_unknown_environment_lists_known_ones():
     assert "no environment 'staging'; use one of dev, prod" in str(caught.value)
 
 
+def test_local_spec_is_not_an_environment():
+    with pytest.raises(ConfigError, match="serving spec that `make local` runs, not an environment"):
+        config_path_for("local")
+
+
 def test_file_that_is_not_a_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- a\n- b\n")
