@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +30,8 @@ def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
     own folder would put its modules at the root instead.
     """
     staging = Path(tempfile.mkdtemp(prefix="serve-app-"))
+    # CDK copies the asset into the cloud assembly during synth; the staging copy can go after.
+    atexit.register(shutil.rmtree, staging, ignore_errors=True)
     shutil.copytree(
         source, staging / "serve_app", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )

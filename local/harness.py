@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,34 +70,18 @@ class LocalServer:
         return self.read_status().get("replicas", self.status.get("replicas", {}))
 
     def counters(self, settle: float = 1.5, timeout: float = 30) -> dict:
-        """The engines' counters once two scrapes ``settle`` seconds apart agree.
+        """The engines' counters, settled (see :func:`local.metrics.settled`)."""
+        from local.metrics import engine_counters, scrape, settled
 
-        Ray exports each engine's counters on an interval, so a request that just finished may
-        not be counted yet; a settled snapshot is a safe 'before' for a delta.
-        """
-        from local.metrics import engine_counters, scrape
-
-        deadline = time.monotonic() + timeout
-        previous = engine_counters(scrape(self.status["metrics_url"]), self.replicas())
-        while True:
-            time.sleep(settle)
-            current = engine_counters(scrape(self.status["metrics_url"]), self.replicas())
-            if current == previous or time.monotonic() > deadline:
-                return current
-            previous = current
+        return settled(
+            lambda: engine_counters(scrape(self.status["metrics_url"]), self.replicas()), settle, timeout
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
-
-    def answering(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/models", timeout=5) as response:
-                return response.status == 200
-        except Exception:  # noqa: BLE001
-            return False
 
     def stop(self, grace: float = 90) -> int | None:
         if self.process is None or self.process.poll() is not None:

@@ -8,8 +8,10 @@ bucket midpoints for those.
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
@@ -80,3 +82,19 @@ def counter_delta(before: dict, after: dict, deployment_prefix: str, metric: str
         )
 
     return total(after) - total(before)
+
+
+def settled(snapshot: Callable[[], dict], poll: float = 2.0, timeout: float = 60) -> dict:
+    """A snapshot once two in a row ``poll`` seconds apart agree.
+
+    Ray exports each engine's counters on an interval, so a request that just finished may not
+    be counted yet; a settled snapshot is a safe 'before' for a delta.
+    """
+    deadline = time.monotonic() + timeout
+    previous = snapshot()
+    while True:
+        time.sleep(poll)
+        current = snapshot()
+        if current == previous or time.monotonic() > deadline:
+            return current
+        previous = current

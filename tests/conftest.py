@@ -13,6 +13,9 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CONFIG_DIR = ROOT / "config"
+# KubeRay 1.7.0's RayService CRD, vendored so the schema tests run in any clone.
+RAYSERVICE_CRD = ROOT / "tests" / "fixtures" / "kuberay-crds" / "ray.io_rayservices.yaml"
+RAYSERVICE_CRD_SHA256 = "0a8fc325e6e22b9231c1f282b309555e2ecf94227ca20a03df3d1d9a403907ab"
 SHIPPED_ENVIRONMENTS = sorted(
     p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local")
 )
@@ -93,3 +96,16 @@ def measure_one_request(server, client, model: str) -> dict:
         "prompt_tokens": response.usage.prompt_tokens,
         "completion_tokens": response.usage.completion_tokens,
     }
+
+
+def synth_variant(tmp_path, data: dict, name: str):
+    """Synthesizes a variant of a config (as a dict) and returns (stack, template)."""
+    import yaml
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    stack = build_app(str(path), outdir=str(tmp_path / f"{name}-out")).node.children[0]
+    return stack, Template.from_stack(stack)

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from bench.compare import ratio_table
-from bench.run import Row, bench_args, dated_dir, load_workloads, row_from_result, server_root, table
+from bench.run import bench_args, dated_dir, load_workloads, row_from_result, server_root, table
 
 
 def test_presets_include_long_prompt_chat_and_tiny():

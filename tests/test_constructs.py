@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Match, Template
 
 from cdk_constructs import addons

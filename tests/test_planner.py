@@ -260,8 +260,6 @@ def test_synth_fails_for_unknown_s3_model_without_config_json(tmp_path):
 
 
 def test_transfer_share_warns_at_synth_and_fails_when_asked(tmp_path):
-    import yaml
-
     from app import checked_plan
     from config.loader import ConfigError, parse_config
 

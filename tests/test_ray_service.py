@@ -9,22 +9,30 @@ import re
 import jsonschema
 import pytest
 import yaml
-from aws_cdk.assertions import Match
 
 from cdk_constructs.ray_service_manifest import ray_service
 from config.loader import parse_config
 from serve_app.serve_config import IMPORT_PATH, serve_config_yaml
 from serve_app.spec import ServingSpec
-from tests.conftest import CONFIG_DIR, ROOT, SHIPPED_ENVIRONMENTS
+from tests.conftest import (
+    CONFIG_DIR,
+    RAYSERVICE_CRD,
+    RAYSERVICE_CRD_SHA256,
+    SHIPPED_ENVIRONMENTS,
+    synth_variant,
+)
 
-CRD_PATH = ROOT.parent / "shared" / "reference" / "kuberay-crds" / "ray.io_rayservices.yaml"
+
+
+def test_vendored_crd_is_kuberay_170_verbatim():
+    import hashlib
+
+    assert hashlib.sha256(RAYSERVICE_CRD.read_bytes()).hexdigest() == RAYSERVICE_CRD_SHA256
 
 
 @pytest.fixture(scope="module")
 def rayservice_schema():
-    if not CRD_PATH.is_file():
-        pytest.fail(f"KubeRay CRD not found at {CRD_PATH}; the tests read it from ../shared")
-    crd = yaml.safe_load(CRD_PATH.read_text())
+    crd = yaml.safe_load(RAYSERVICE_CRD.read_text())
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = copy.deepcopy(v1["schema"]["openAPIV3Schema"])
     _strict(schema)
@@ -208,7 +216,7 @@ def test_serve_app_is_an_asset_read_through_pod_identity(synthesized):
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
     asset_key = url.rsplit("/", 1)[1]
     # Only this one object of the shared assets bucket is readable.
-    assert f'"Action": "s3:GetObject"' in policies and f"/{asset_key}" in policies
+    assert '"Action": "s3:GetObject"' in policies and f"/{asset_key}" in policies
     assert "s3:List" not in policies
     assets = json.loads((outdir / "pd-dev-pd-serving.assets.json").read_text())["files"]
     asset_hash = url.rsplit("/", 1)[1].removesuffix(".zip")
@@ -231,10 +239,6 @@ def test_serve_app_change_changes_the_asset(tmp_path):
 
 
 def test_gated_model_secret_is_granted_not_embedded(tmp_path):
-    from aws_cdk.assertions import Template
-
-    from app import build_app
-
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
     data["serving"]["model"] = {
         "model_id": "llama-3.1-8b",
@@ -242,23 +246,16 @@ def test_gated_model_secret_is_granted_not_embedded(tmp_path):
         "gated": True,
         "hf_token_secret": "pd-serving/hf-token",
     }
-    path = tmp_path / "gated.yaml"
-    path.write_text(yaml.safe_dump(data))
-    app = build_app(str(path), outdir=str(tmp_path / "out"))
-    template = Template.from_stack(app.node.children[0])
+    stack, template = synth_variant(tmp_path, data, "gated")
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
     assert "secretsmanager:GetSecretValue" in policies
     assert "secret:pd-serving/hf-token" in policies
-    serve_config = app.node.children[0].serving.serve_config_v2
+    serve_config = stack.serving.serve_config_v2
     assert "hf_token_secret: pd-serving/hf-token" in serve_config
     assert "HF_TOKEN" not in serve_config
 
 
 def test_s3_mirrored_model_is_readable(tmp_path):
-    from aws_cdk.assertions import Template
-
-    from app import build_app
-
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
     config_json = tmp_path / "config.json"
     config_json.write_text(json.dumps({
@@ -269,14 +266,11 @@ def test_s3_mirrored_model_is_readable(tmp_path):
     data["serving"]["model"] = {
         "model_id": "qwen", "source": "s3://my-models/qwen2.5-7b", "config_json": str(config_json),
     }
-    path = tmp_path / "s3.yaml"
-    path.write_text(yaml.safe_dump(data))
-    app = build_app(str(path), outdir=str(tmp_path / "out"))
-    template = Template.from_stack(app.node.children[0])
+    stack, template = synth_variant(tmp_path, data, "s3")
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
     assert "my-models/qwen2.5-7b/*" in policies
     assert '"s3:prefix": ["qwen2.5-7b/*"]' in policies
-    serve_config = yaml.safe_load(app.node.children[0].serving.serve_config_v2)
+    serve_config = yaml.safe_load(stack.serving.serve_config_v2)
     spec = ServingSpec.model_validate(serve_config["applications"][0]["args"])
     assert spec.llm_config("decode")["model_loading_config"]["model_source"] == {
         "bucket_uri": "s3://my-models/qwen2.5-7b"

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS
+from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, synth_variant
 
 
 def _rayservice_id(resources: dict) -> str:
@@ -42,16 +42,10 @@ def test_rayservice_is_deleted_before_nodes_and_operator(synthesized, env):
 
 
 def test_load_balancer_is_removed_by_its_controller_before_the_vpc(tmp_path):
-    from aws_cdk.assertions import Template
-
-    from app import build_app
-
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
     data["ray_service"] = {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}}
-    path = tmp_path / "nlb.yaml"
-    path.write_text(yaml.safe_dump(data))
-    app = build_app(str(path), outdir=str(tmp_path / "out"))
-    resources = Template.from_stack(app.node.children[0]).to_json()["Resources"]
+    _, template = synth_variant(tmp_path, data, "nlb")
+    resources = template.to_json()["Resources"]
     depends = set(resources[_rayservice_id(resources)]["DependsOn"])
     controller = {
         k for k, r in resources.items()

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from verify import checks
+from tests.conftest import RAYSERVICE_CRD
 from verify.kube import KubeError, KubectlRunner, RecordedKube, RecordingKube
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
 HEALTHY = FIXTURES / "healthy"
-CRD = Path("/work/shared/reference/kuberay-crds/ray.io_rayservices.yaml")
+CRD = RAYSERVICE_CRD
 PREFILL_POD = "pd-llm-xk2vd-prefill-gpu-worker-7x9qz"
 DECODE_POD = "pd-llm-xk2vd-decode-gpu-worker-m4k2p"
 KUBE = RecordedKube(HEALTHY)
@@ -64,7 +65,6 @@ def test_rayservice_without_the_configured_app_fails():
     assert "'other' not reported (reported: llm)" in result.evidence
 
 
-@pytest.mark.skipif(not CRD.is_file(), reason="KubeRay CRD reference not present")
 @pytest.mark.parametrize("status_of", [rayservice, lambda: load("rayservice_not_ready.json")])
 def test_recorded_rayservice_status_matches_the_kuberay_crd(status_of):
     import jsonschema

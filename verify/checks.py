@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from local.metrics import (
+    settled,
     Sample,
     NIXL_TRANSFERS,
     PROMPT_TOKENS_BY_SOURCE,
@@ -300,18 +301,6 @@ def phase_counters(texts: Mapping[str, str]) -> Counters:
 def phase_snapshot(metrics_urls: Mapping[str, str]) -> Counters:
     """:func:`phase_counters` of metrics URLs keyed by deployment label."""
     return _by_label({label: scrape(url) for label, url in metrics_urls.items()})
-
-
-def settled(snapshot: Callable[[], Counters], poll: float = 2.0, timeout: float = 60) -> Counters:
-    """A snapshot once two in a row agree: Ray exports counters on an interval."""
-    deadline = time.monotonic() + timeout
-    previous = snapshot()
-    while True:
-        time.sleep(poll)
-        current = snapshot()
-        if current == previous or time.monotonic() > deadline:
-            return current
-        previous = current
 
 
 def verify_kv_reuse(
