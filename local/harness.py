@@ -92,23 +92,30 @@ class LocalServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(30)
-        # Anything Ray left in the session (workers outlive a killed driver) goes too.
+        # Anything Ray left in the session (workers outlive a killed driver) goes too, and stop()
+        # returns only once the kernel has let them go.
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        deadline = time.monotonic() + 15
+        while session_processes(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         return self.process.returncode
 
 
 def session_processes(session_id: int) -> list[int]:
-    """Processes still alive in a process session (to prove nothing leaked)."""
+    """Processes still alive in a process session (to prove nothing leaked); zombies are dead."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if os.getsid(int(entry.name)) == session_id:
-                pids.append(int(entry.name))
-        except (ProcessLookupError, PermissionError):
+            if os.getsid(int(entry.name)) != session_id:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, PermissionError, FileNotFoundError, IndexError):
             continue
+        if state != "Z":
+            pids.append(int(entry.name))
     return pids
