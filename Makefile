@@ -8,7 +8,11 @@ PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 CDK_FLAGS := --app "$(abspath $(PY)) app.py" -c config=$(CONFIG) --no-notices --no-version-reporting
 PYTEST_ARGS ?=
+DEPLOY_FACTS := .deploy-facts.json
 MODE ?= disaggregated
+ASSET ?=
+# Extra flags for the local server, e.g. LOCAL_ARGS='--port 8010 --nixl-port-base 30000'.
+LOCAL_ARGS ?=
 # make bench / bench-compare: the endpoint(s), workload preset, served model and its tokenizer.
 URL ?=
 PD_URL ?=
@@ -25,17 +29,18 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy test plan local bench bench-compare verify clean help
+.PHONY: synth deploy destroy test plan local bench bench-compare verify upgrade-crds clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
 	@echo "make deploy  [ENV=…|CONFIG=…]                 cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
-	@echo "make local   [MODE=disaggregated|colocated]   serve_app on this CPU at http://127.0.0.1:8000/v1"
+	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1]   serve_app on this CPU at http://127.0.0.1:8000/v1"
 	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
 	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
+	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
 	@echo "make test                                     install everything and run every test"
 
 $(VENV)/.runtime: requirements.txt
@@ -63,9 +68,12 @@ synth: $(VENV)/.runtime node_modules/.installed
 	$(CDK) synth $(CDK_FLAGS) --output $(OUTDIR) --quiet
 	$(PY) -m cli.summary $(CONFIG) $(OUTDIR)
 
+# The guard checks the config, then your credentials (account, your IAM role, your address,
+# the GPU vCPU quota), and writes what it resolved for app.py; nothing is resolved at synth.
 deploy: $(VENV)/.runtime node_modules/.installed
-	$(PY) -m cli.deploy_guard $(CONFIG)
-	$(CDK) deploy $(CDK_FLAGS) --output $(OUTDIR) --require-approval broadening --progress events
+	$(PY) -m cli.deploy_guard $(CONFIG) --facts-out $(DEPLOY_FACTS)
+	$(CDK) deploy $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) \
+	  --require-approval broadening --progress events
 
 destroy: $(VENV)/.runtime node_modules/.installed
 	$(CDK) destroy $(CDK_FLAGS) --output $(OUTDIR) --force
@@ -76,8 +84,9 @@ plan: $(VENV)/.runtime
 test: $(VENV)/.serve node_modules/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-local: $(VENV)/.serve
-	$(PY) -m local.server --mode $(MODE)
+# ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
+local: $(VENV)/.serve node_modules/.installed
+	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(LOCAL_ARGS)
 
 bench: $(VENV)/.serve
 	@test -n "$(URL)" || { echo "make bench needs URL=<OpenAI base URL>, e.g. URL=http://127.0.0.1:8000/v1"; exit 2; }
@@ -87,6 +96,9 @@ bench-compare: $(VENV)/.serve
 	@test -n "$(LOCAL)$(PD_URL)" || { echo "make bench-compare needs PD_URL=… COLOCATED_URL=…, or LOCAL=1"; exit 2; }
 	$(PY) -m bench.compare $(if $(LOCAL),--local,--pd-url $(PD_URL) --colocated-url $(COLOCATED_URL)) \
 	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+
+upgrade-crds: $(VENV)/.runtime
+	$(PY) -m cli.kuberay_crds $(CONFIG)
 
 verify: $(VENV)/.dev
 	$(PY) -m verify --config $(CONFIG) $(VERIFY_ARGS)

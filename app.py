@@ -3,17 +3,22 @@
 
     cdk synth -c env=prod            # config/prod.yaml
     cdk synth -c config=my.yaml      # any config file
+    cdk deploy -c deploy_facts=F     # what `make deploy` resolved at deploy time (cli.deploy_guard)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import aws_cdk as cdk
 
+from cdk_constructs.kuberay_rules import KUBERAY_VERSION, KubeRayRejection
 from cdk_constructs.policy import attach_policy_checks
-from config.loader import ConfigError, config_path_for, load_config
+from config.loader import ConfigError, config_path_for, describe_validation_error, load_config
+from config.schema import DeployFacts
 from planner import PlanningError
 from planner.from_config import plan_config
 from stacks.pd_serving_stack import PdServingStack
@@ -35,8 +40,22 @@ def checked_plan(config, config_path: str):
     return report
 
 
-def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
+def load_deploy_facts(path: str | None) -> DeployFacts:
+    """The deployer's identity and address, written by `make deploy`'s guard; empty for synth."""
+    if not path:
+        return DeployFacts()
+    from pydantic import ValidationError
+
+    try:
+        return DeployFacts.model_validate(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:
+        problems = describe_validation_error(DeployFacts, exc) if isinstance(exc, ValidationError) else [str(exc)]
+        raise ConfigError(path, problems) from None
+
+
+def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str | None = None) -> cdk.App:
     config = load_config(config_path)
+    deployer = load_deploy_facts(deploy_facts)
     report = checked_plan(config, config_path)
     app = cdk.App(
         outdir=outdir,
@@ -44,13 +63,19 @@ def build_app(config_path: str, *, outdir: str | None = None) -> cdk.App:
             config.aws.account, config.aws.region, config.network.availability_zones
         ),
     )
-    stack = PdServingStack(
-        app,
-        config.stack_name,
-        config=config,
-        env=cdk.Environment(account=config.aws.account, region=config.aws.region),
-        description=f"Prefill/decode disaggregated LLM serving on EKS ({config.name})",
-    )
+    try:
+        stack = PdServingStack(
+            app,
+            config.stack_name,
+            config=config,
+            deployer=deployer,
+            env=cdk.Environment(account=config.aws.account, region=config.aws.region),
+            description=f"Prefill/decode disaggregated LLM serving on EKS ({config.name})",
+        )
+    except KubeRayRejection as exc:
+        raise ConfigError(
+            config_path, [f"KubeRay {KUBERAY_VERSION}'s controller would refuse the RayService: {exc}"]
+        ) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():
         cdk.Tags.of(stack).add(key, value)
@@ -69,7 +94,11 @@ def selected_config_path(app_context: cdk.App) -> str:
 def main() -> int:
     selector = cdk.App()  # reads -c env=… / -c config=… passed by the CDK CLI
     try:
-        app = build_app(selected_config_path(selector), outdir=os.environ.get("CDK_OUTDIR"))
+        app = build_app(
+            selected_config_path(selector),
+            outdir=os.environ.get("CDK_OUTDIR"),
+            deploy_facts=selector.node.try_get_context("deploy_facts"),
+        )
     except ConfigError as exc:
         print(f"Config error:\n{exc}", file=sys.stderr)
         return 2

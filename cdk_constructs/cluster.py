@@ -10,8 +10,9 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.policy import acknowledge, managed_policy_finding
-from config.schema import ClusterConfig
+from config.schema import UNRESOLVED_DEPLOYER_CIDR, ClusterConfig, DeployFacts
 from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
 
 ALL_LOG_TYPES = [
@@ -47,11 +48,29 @@ def kubectl_layer(scope: Construct, kubernetes_version: str):
     return getattr(module, release.layer_class)(scope, "KubectlLayer")
 
 
-def endpoint_access(config: ClusterConfig) -> eks.EndpointAccess:
+def public_cidrs(config: ClusterConfig, deployer: DeployFacts) -> list[str]:
+    """The configured CIDRs, plus the deployer's address when the config asks for it."""
+    cidrs = list(config.endpoint.public_cidrs)
+    if config.endpoint.allow_deployer_address:
+        address = deployer.deployer_cidr or UNRESOLVED_DEPLOYER_CIDR
+        if address not in cidrs:
+            cidrs.append(address)
+    return cidrs
+
+
+def admin_principals(config: ClusterConfig, deployer: DeployFacts) -> list[str]:
+    """The configured admins, plus whoever runs `make deploy` when the config asks for it."""
+    principals = list(config.admin_principals)
+    if config.grant_deployer_admin and deployer.deployer_principal and deployer.deployer_principal not in principals:
+        principals.append(deployer.deployer_principal)
+    return principals
+
+
+def endpoint_access(config: ClusterConfig, deployer: DeployFacts) -> eks.EndpointAccess:
     if config.endpoint.public and config.endpoint.private:
-        return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint.public_cidrs)
+        return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_cidrs(config, deployer))
     if config.endpoint.public:
-        return eks.EndpointAccess.PUBLIC.only_from(*config.endpoint.public_cidrs)
+        return eks.EndpointAccess.PUBLIC.only_from(*public_cidrs(config, deployer))
     return eks.EndpointAccess.PRIVATE
 
 
@@ -60,9 +79,11 @@ class EksCluster(Construct):
 
     Args:
         config: the cluster section of the environment's config.
+        deployer: who runs `make deploy` and from where (empty at offline synth).
         cluster_name: the EKS cluster name.
         vpc: the VPC; the control plane's ENIs go into ``subnets``.
         subnets: private subnets for the control plane's network interfaces.
+        logs: the stack's encrypted log groups (the control plane's is one of them).
         load_balancer_controller: install the AWS Load Balancer Controller (for an internal NLB).
     """
 
@@ -72,12 +93,18 @@ class EksCluster(Construct):
         id_: str,
         *,
         config: ClusterConfig,
+        deployer: DeployFacts,
         cluster_name: str,
         vpc: ec2.IVpc,
         subnets: list[ec2.ISubnet],
+        logs: EncryptedLogs,
         load_balancer_controller: bool = False,
     ) -> None:
         super().__init__(scope, id_)
+        # EKS writes control-plane logs here and would create it with no expiry, left behind on destroy.
+        self.control_plane_logs = logs.log_group(
+            self, "ControlPlaneLogs", name=f"/aws/eks/{cluster_name}/cluster", retention_days=config.log_retention_days
+        )
         self.secrets_key = kms.Key(
             self,
             "SecretsKey",
@@ -96,7 +123,7 @@ class EksCluster(Construct):
             vpc_subnets=[ec2.SubnetSelection(subnets=subnets)],
             default_capacity=0,
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
-            endpoint_access=endpoint_access(config),
+            endpoint_access=endpoint_access(config, deployer),
             cluster_logging=ALL_LOG_TYPES,
             secrets_encryption_key=self.secrets_key,
             bootstrap_self_managed_addons=False,
@@ -111,10 +138,11 @@ class EksCluster(Construct):
                 else None
             ),
         )
+        self.cluster.node.add_dependency(self.control_plane_logs)
         self._acknowledge_cdk_managed_parts()
         if self.cluster.alb_controller:
             self._acknowledge_load_balancer_controller(self.cluster.alb_controller)
-        for index, principal in enumerate(config.admin_principals):
+        for index, principal in enumerate(admin_principals(config, deployer)):
             self.cluster.grant_access(
                 f"Admin{index}",
                 principal,
@@ -125,13 +153,20 @@ class EksCluster(Construct):
                     )
                 ],
             )
+        self.addon_versions = dict(config.addon_versions)
         self.addons = {
-            name: eks.Addon(self, _addon_id(name), addon_name=name, cluster=self.cluster)
+            name: eks.Addon(
+                self, _addon_id(name), addon_name=name, cluster=self.cluster, addon_version=self.addon_versions.get(name)
+            )
             for name in NODE_INDEPENDENT_ADDONS
         }
         # Pod Identity's agent is created through the cluster so that service accounts
         # with IdentityType.POD_IDENTITY reuse it instead of adding a second one.
         self.pod_identity_agent = self.cluster.eks_pod_identity_agent
+        if "eks-pod-identity-agent" in self.addon_versions:
+            self.pod_identity_agent.node.default_child.add_property_override(
+                "AddonVersion", self.addon_versions["eks-pod-identity-agent"]
+            )
 
     def _acknowledge_cdk_managed_parts(self) -> None:
         acknowledge(
@@ -179,7 +214,9 @@ class EksCluster(Construct):
 
     def add_coredns_after(self, node_group: Construct) -> eks.Addon:
         """coredns stays DEGRADED (and its stack update fails) until a node can run it."""
-        coredns = eks.Addon(self, "CoreDns", addon_name="coredns", cluster=self.cluster)
+        coredns = eks.Addon(
+            self, "CoreDns", addon_name="coredns", cluster=self.cluster, addon_version=self.addon_versions.get("coredns")
+        )
         coredns.node.add_dependency(node_group)
         self.addons["coredns"] = coredns
         return coredns

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Tags
+from aws_cdk import Tags
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.log_groups import EncryptedLogs
 from config.schema import NetworkConfig
 
 _INTERFACE_SERVICES = {
@@ -19,18 +19,6 @@ _INTERFACE_SERVICES = {
     "secretsmanager": ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
 }
 
-_LOG_RETENTION = {
-    1: logs.RetentionDays.ONE_DAY,
-    3: logs.RetentionDays.THREE_DAYS,
-    5: logs.RetentionDays.FIVE_DAYS,
-    7: logs.RetentionDays.ONE_WEEK,
-    14: logs.RetentionDays.TWO_WEEKS,
-    30: logs.RetentionDays.ONE_MONTH,
-    60: logs.RetentionDays.TWO_MONTHS,
-    90: logs.RetentionDays.THREE_MONTHS,
-    180: logs.RetentionDays.SIX_MONTHS,
-    365: logs.RetentionDays.ONE_YEAR,
-}
 
 
 class Network(Construct):
@@ -38,9 +26,10 @@ class Network(Construct):
 
     Args:
         config: the network section of the environment's config.
+        logs: the stack's encrypted log groups (flow logs go to one of them).
     """
 
-    def __init__(self, scope: Construct, id_: str, *, config: NetworkConfig) -> None:
+    def __init__(self, scope: Construct, id_: str, *, config: NetworkConfig, logs: EncryptedLogs) -> None:
         super().__init__(scope, id_)
         self.vpc = ec2.Vpc(
             self,
@@ -62,12 +51,7 @@ class Network(Construct):
             ],
             restrict_default_security_group=True,
         )
-        flow_log_group = logs.LogGroup(
-            self,
-            "FlowLogs",
-            retention=_LOG_RETENTION[config.flow_log_retention_days],
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        flow_log_group = logs.log_group(self, "FlowLogs", retention_days=config.flow_log_retention_days)
         self.vpc.add_flow_log(
             "FlowLog",
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),

@@ -13,19 +13,37 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from cdk_constructs.policy import acknowledge, managed_policy_finding
-from config.schema import GpuNodeGroupConfig, SystemNodeGroupConfig
+from config import catalog
+from config.schema import GpuNodeGroupConfig, RootVolume, SystemNodeGroupConfig
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 EFA_TAINT_KEY = "aws.amazon.com/efa"
 ROLE_LABEL = "role"
 PHASE_LABEL = "pd-serving/phase"
+# NVIDIA's device plugin chart (0.20.0) keeps a default node affinity on top of any nodeSelector:
+# it runs only where NFD's PCI labels or this label say "NVIDIA GPU". EKS's AL2023 NVIDIA nodes
+# carry it only from Kubernetes 1.35, so the GPU groups set it for every version the config accepts.
+NVIDIA_GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# Cluster Autoscaler reads a managed node group's own tags with this prefix as the extended
+# resources of its nodes (cluster-autoscaler-1.36.1, cloudprovider/aws/aws_manager.go).
+NODE_TEMPLATE_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
 
 
-def _root_volume(size_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+def node_template_tags(resources: dict[str, int]) -> dict[str, str]:
+    """Node group tags that tell the autoscaler a node's extended resources before any node exists."""
+    return {f"{NODE_TEMPLATE_RESOURCE_TAG}{name}": str(count) for name, count in resources.items()}
+
+
+def _root_volume(config: RootVolume, size_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
     return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
         device_name="/dev/xvda",
         ebs=ec2.CfnLaunchTemplate.EbsProperty(
-            volume_size=size_gib, volume_type="gp3", encrypted=True, delete_on_termination=True
+            volume_size=size_gib,
+            volume_type="gp3",
+            iops=config.root_volume_iops,
+            throughput=config.root_volume_throughput_mibps,
+            encrypted=True,
+            delete_on_termination=True,
         ),
     )
 
@@ -50,6 +68,13 @@ def _template_spec(template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
     return eks.LaunchTemplateSpec(id=template.ref, version=template.attr_latest_version_number)
 
 
+def follow_cluster_version(nodegroup: eks.Nodegroup, kubernetes_version: str) -> None:
+    """Pins the node group to the cluster's Kubernetes minor, so that a version bump rolls the nodes
+    (after the control plane, which CloudFormation updates first); without it a managed node group
+    stays on its release. aws_eks_v2's Nodegroup has no prop for it."""
+    nodegroup.node.default_child.add_property_override("Version", kubernetes_version)
+
+
 class SystemNodeGroup(Construct):
     """CPU nodes labelled ``role=system`` for the KubeRay operator and the Ray head.
 
@@ -58,6 +83,7 @@ class SystemNodeGroup(Construct):
         config: sizes and instance type.
         subnets: private subnets the nodes may use (all AZs).
         metadata_hop_limit: IMDSv2 hop limit.
+        kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
     """
 
     def __init__(
@@ -69,13 +95,14 @@ class SystemNodeGroup(Construct):
         config: SystemNodeGroupConfig,
         subnets: list[ec2.ISubnet],
         metadata_hop_limit: int,
+        kubernetes_version: str,
     ) -> None:
         super().__init__(scope, id_)
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                block_device_mappings=[_root_volume(config.root_volume_gib)],
+                block_device_mappings=[_root_volume(config, config.root_volume_gib)],
                 metadata_options=_metadata(metadata_hop_limit),
             ),
         )
@@ -90,6 +117,7 @@ class SystemNodeGroup(Construct):
             subnets=ec2.SubnetSelection(subnets=subnets),
             launch_template_spec=_template_spec(self.launch_template),
         )
+        follow_cluster_version(self.nodegroup, kubernetes_version)
         acknowledge_node_role(self.nodegroup)
 
 
@@ -128,6 +156,10 @@ class GpuNodeGroup(Construct):
         fabric: the shared placement group and EFA security group.
         subnet: the single private subnet (in the GPU AZ) for every GPU node.
         metadata_hop_limit: IMDSv2 hop limit.
+        kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
+
+    The node group carries Cluster Autoscaler's ``node-template/resources`` tags for the GPUs and
+    EFA interfaces, so that it can grow from zero nodes.
     """
 
     def __init__(
@@ -141,15 +173,19 @@ class GpuNodeGroup(Construct):
         fabric: EfaFabric,
         subnet: ec2.ISubnet,
         metadata_hop_limit: int,
+        kubernetes_version: str,
     ) -> None:
         super().__init__(scope, id_)
         self.phase = phase
-        self.labels = {ROLE_LABEL: "gpu", PHASE_LABEL: phase}
+        facts = catalog.INSTANCES[config.instance_type]
+        # What a node of this group offers besides CPU and memory, as the device plugins advertise it.
+        self.extended_resources = {"nvidia.com/gpu": facts.gpu_count, "vpc.amazonaws.com/efa": facts.efa_interfaces}
+        self.labels = {ROLE_LABEL: "gpu", PHASE_LABEL: phase, NVIDIA_GPU_PRESENT_LABEL: "true"}
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                block_device_mappings=[_root_volume(config.root_volume_gib)],
+                block_device_mappings=[_root_volume(config, config.root_volume_gib)],
                 metadata_options=_metadata(metadata_hop_limit),
                 # Custom groups replace the cluster security group that EKS would add, so the
                 # interface carries it explicitly; SubnetId must stay out (EKS rejects it).
@@ -188,4 +224,9 @@ class GpuNodeGroup(Construct):
             launch_template_spec=_template_spec(self.launch_template),
         )
         Tags.of(self.nodegroup).add("pd-serving/phase", phase)
+        # Read by Cluster Autoscaler through eks:DescribeNodegroup while the group has no node; it
+        # infers nvidia.com/gpu from the instance type but cannot know vpc.amazonaws.com/efa.
+        for key, value in node_template_tags(self.extended_resources).items():
+            Tags.of(self.nodegroup).add(key, value)
+        follow_cluster_version(self.nodegroup, kubernetes_version)
         acknowledge_node_role(self.nodegroup)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_aps as aps
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
@@ -23,6 +23,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk_constructs import dashboards
+from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.policy import acknowledge, managed_policy_finding
 from config.observability import ObservabilityConfig
 
@@ -168,6 +169,7 @@ class Observability(Construct):
         dashboard_name: name of the CloudWatch dashboard (backend cloudwatch).
         subnets: subnets for the AMP scraper's network interfaces (backend amp); they must reach
             the pods.
+        logs: the stack's encrypted log groups (the backend's own log group is one of them).
     """
 
     def __init__(
@@ -179,10 +181,12 @@ class Observability(Construct):
         config: ObservabilityConfig,
         namespace: str,
         dashboard_name: str,
+        logs: EncryptedLogs,
         subnets: Sequence[ec2.ISubnet] = (),
     ) -> None:
         super().__init__(scope, id_)
         self.config = config
+        self.logs = logs
         self.scrape_config = scrape_config(namespace=namespace, interval_seconds=config.scrape_interval_seconds)
         self.addon: eks.CfnAddon | None = None
         self.dashboard: cloudwatch.CfnDashboard | None = None
@@ -197,13 +201,7 @@ class Observability(Construct):
             self._amp(cluster, subnets)
 
     def _log_group(self, name: str) -> logs.LogGroup:
-        return logs.LogGroup(
-            self,
-            "LogGroup",
-            log_group_name=name,
-            retention=getattr(logs.RetentionDays, _retention_name(self.config.log_retention_days)),
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        return self.logs.log_group(self, "LogGroup", name=name, retention_days=self.config.log_retention_days)
 
     def _cloudwatch(self, cluster: eks.Cluster, dashboard_name: str) -> None:
         # Created here, with a retention, before the agent would create it without one.
@@ -289,20 +287,9 @@ class Observability(Construct):
                 ],
             ),
         )
-        # The scraper's service-linked role reaches the API server as this user, bound by RBAC below.
-        access = eks.CfnAccessEntry(
-            self,
-            "ScraperAccess",
-            cluster_name=cluster.cluster_name,
-            principal_arn=self.scraper.attr_role_arn,
-            username=AMP_SCRAPER_USER,
-            type="STANDARD",
-        )
+        # With access entries, AMP creates the scraper role's access entry itself (username
+        # aps-collector-user) when the scraper is created; a second AWS::EKS::AccessEntry for that role
+        # fails with ResourceInUseException (AMP user guide, "Configure Amazon EKS for scraper access
+        # with access entries"). What AMP does not grant is the RBAC that lets that user read pods.
         rbac = cluster.add_manifest("ScraperRbac", *scraper_rbac())
-        rbac.node.add_dependency(access)
-
-
-def _retention_name(days: int) -> str:
-    names = {1: "ONE_DAY", 3: "THREE_DAYS", 5: "FIVE_DAYS", 7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH",
-             60: "TWO_MONTHS", 90: "THREE_MONTHS", 180: "SIX_MONTHS", 365: "ONE_YEAR"}
-    return names[days]
+        rbac.node.add_dependency(self.scraper)

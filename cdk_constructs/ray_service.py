@@ -14,8 +14,9 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from cdk_constructs.kuberay_rules import validate_ray_service
 from cdk_constructs.policy import acknowledge
-from cdk_constructs.ray_service_manifest import ray_service
+from cdk_constructs.ray_service_manifest import owned_serve_service, ray_service, serve_service_name
 from config.schema import AppConfig
 from serve_app.serve_config import SERVE_PORT, serve_config_yaml
 
@@ -23,17 +24,22 @@ SERVE_APP_DIR = Path(__file__).resolve().parent.parent / "serve_app"
 SERVICE_ACCOUNT = "ray-serve"
 
 
-def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
-    """A directory holding ``serve_app/`` itself, so that the zip's root is an importable parent.
+# Ray unzips a remote (s3://) working_dir with remove_top_level_directory=True
+# (ray/_private/runtime_env/packaging.py, download_and_unpack_package): when every entry sits
+# under one directory, that directory is dropped. So the zip holds one wrapper directory around
+# serve_app/, and after Ray's unpack serve_app/ is at the root of the working_dir, importable.
+WORKING_DIR_WRAPPER = "working_dir"
 
-    Ray unpacks ``working_dir`` and imports ``serve_app.app`` from its root; zipping serve_app's
-    own folder would put its modules at the root instead.
-    """
+
+def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
+    """The asset directory: ``working_dir/serve_app/…``, which Ray unpacks to ``serve_app/…``."""
     staging = Path(tempfile.mkdtemp(prefix="serve-app-"))
     # CDK copies the asset into the cloud assembly during synth; the staging copy can go after.
     atexit.register(shutil.rmtree, staging, ignore_errors=True)
     shutil.copytree(
-        source, staging / "serve_app", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        source,
+        staging / WORKING_DIR_WRAPPER / "serve_app",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
     return staging
 
@@ -45,6 +51,9 @@ class RayServiceApp(Construct):
         cluster: the EKS cluster.
         config: the environment's config (ray_service and serving sections are used).
         operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
+
+    ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
+    makes it depend on what must outlive it on teardown (the load balancer controller, the nodes).
     """
 
     def __init__(
@@ -79,10 +88,18 @@ class RayServiceApp(Construct):
         self.manifest_body = ray_service(
             config, serve_config_v2=self.serve_config_v2, service_account=SERVICE_ACCOUNT
         )
+        # What KubeRay's controller would refuse fails synth here, not as a silent
+        # ValidationFailed condition after the deploy.
+        validate_ray_service(self.manifest_body)
         self.manifest = cluster.add_manifest("RayService", self.manifest_body)
         self.manifest.node.add_dependency(operator)
         self.manifest.node.add_dependency(self.service_account)
-        self.serve_service_name = f"{rs.name}-serve-svc"
+        owned_service = owned_serve_service(config)
+        self.serve_service = cluster.add_manifest("ServeService", owned_service) if owned_service else None
+        if self.serve_service:
+            self.serve_service.node.add_dependency(self.namespace)
+            self.manifest.node.add_dependency(self.serve_service)
+        self.serve_service_name = serve_service_name(config)
         self.port_forward_command = (
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )

@@ -12,6 +12,7 @@ from serve_app.spec import PHASE_RESOURCE, PHASES
 
 NIXL_SIDE_CHANNEL_PORT_BASE = {"prefill": 20000, "decode": 22000}
 METRICS_PORT = 8080
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
 NODE_RESERVED_CPUS = 4
 NODE_MEMORY_SHARE = 0.8
@@ -80,9 +81,15 @@ def worker_group(config: AppConfig, phase: str, *, image: str, service_account: 
         "replicas": group.desired_size,
         "minReplicas": group.min_size,
         "maxReplicas": group.max_size,
-        "rayStartParams": {"num-gpus": str(facts.gpu_count), "num-cpus": str(cpus)},
-        "resources": {PHASE_RESOURCE[phase]: "1"},
+        # KubeRay takes a group's Ray resources from rayStartParams or from this map, never both
+        # (validateRayGroupResources); the map turns CPU and GPU into --num-cpus/--num-gpus and
+        # the phase resource into --resources. Memory comes from the container limit.
+        "rayStartParams": {},
+        "resources": {"CPU": str(cpus), "GPU": str(facts.gpu_count), PHASE_RESOURCE[phase]: "1"},
         "template": {
+            # Ray's autoscaler removes idle worker pods itself; Cluster Autoscaler must not evict
+            # a serving worker to pack nodes (it removes a node once Ray has emptied it).
+            "metadata": {"annotations": {SAFE_TO_EVICT: "false"}},
             "spec": {
                 "serviceAccountName": service_account,
                 "nodeSelector": {ROLE_LABEL: "gpu", PHASE_LABEL: phase},
@@ -113,13 +120,19 @@ def worker_group(config: AppConfig, phase: str, *, image: str, service_account: 
     }
 
 
+def serve_service_name(config: AppConfig) -> str:
+    """KubeRay's name for a RayService's serve Service (``GenerateServeServiceName``)."""
+    return f"{config.ray_service.name}-serve-svc"
+
+
 def serve_service(config: AppConfig) -> dict[str, Any] | None:
+    """The RayService's ``serveService``: an internal NLB in front of Serve, when the config asks for one."""
     exposure = config.ray_service.endpoint
     if not exposure.internal_nlb:
         return None
     return {
         "metadata": {
-            "name": f"{config.ray_service.name}-serve-nlb",
+            "name": serve_service_name(config),
             "annotations": {
                 "service.beta.kubernetes.io/aws-load-balancer-type": "external",
                 "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
@@ -132,6 +145,24 @@ def serve_service(config: AppConfig) -> dict[str, Any] | None:
             "ports": [{"name": "serve", "port": SERVE_PORT, "targetPort": SERVE_PORT}],
         },
     }
+
+
+def owned_serve_service(config: AppConfig) -> dict[str, Any] | None:
+    """The NLB's Service as an object of the stack's own, created before the RayService.
+
+    KubeRay would create it owned by the RayService, and deleting the RayService returns before
+    the Service's load-balancer finalizer has run; the stack would then delete the controller and
+    the nodes, leaving the NLB, its security group and ENIs in the VPC. An existing Service is not
+    adopted: KubeRay only replaces its spec (selector included) when it points it at a new
+    RayCluster (``reconcileServices`` in rayservice_controller.go, v1.7.0). So the stack owns it,
+    with no selector of its own, and deletes it after the RayService with ``kubectl delete``, which
+    waits for the finalizer, before the controller and the nodes go.
+    """
+    service = serve_service(config)
+    if service is None:
+        return None
+    metadata = {**service["metadata"], "namespace": config.ray_service.namespace}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": service["spec"]}
 
 
 def ray_service(
@@ -149,6 +180,9 @@ def ray_service(
         "rayClusterConfig": {
             "rayVersion": rs.ray_version,
             "enableInTreeAutoscaling": True,
+            # Ray drops an idle worker pod after as long as Cluster Autoscaler keeps an idle node
+            # (valid with autoscaler v1 and v2: ValidateRayClusterSpec).
+            "autoscalerOptions": {"idleTimeoutSeconds": config.cluster.autoscaling.scale_down_idle_minutes * 60},
             "headGroupSpec": head_group(config, image=image, service_account=service_account),
             "workerGroupSpecs": [
                 worker_group(config, phase, image=image, service_account=service_account)

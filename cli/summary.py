@@ -37,6 +37,18 @@ def summarize(config_path: str, outdir: str) -> str:
             f"                  {name:<9} {group.instance_type:<13} "
             f"{group.min_size}/{group.desired_size}/{group.max_size:<13} {amis.get(name, '?')}"
         )
+    endpoint = config.cluster.endpoint
+    doors = list(endpoint.public_cidrs) + (["your address (make deploy)"] if endpoint.allow_deployer_address else [])
+    access = []
+    if endpoint.public:
+        access.append(f"public to {', '.join(doors)}")
+    if endpoint.private:
+        access.append("private (inside the VPC)")
+    admins = list(config.cluster.admin_principals) + (["you (make deploy)"] if config.cluster.grant_deployer_admin else [])
+    lines += [
+        f"  API endpoint    {'; '.join(access)}",
+        f"  cluster admins  {', '.join(admins)}",
+    ]
     serving = config.serving
     lines += [
         f"  serving         {serving.mode}: {serving.model.model_id} ({serving.model.source}), "

@@ -92,9 +92,39 @@ INSTANCES: dict[str, InstanceFacts] = {
 
 # Regional services billed per hour, same source and date as the instance prices.
 NAT_GATEWAY_PER_HOUR = 0.045
+# NAT gateway data processing, per GB through it (https://aws.amazon.com/vpc/pricing/); a gateway
+# endpoint (S3) costs nothing per GB.
+NAT_GATEWAY_PER_GB = 0.045
 EKS_CONTROL_PLANE_PER_HOUR = 0.10
 EKS_EXTENDED_SUPPORT_PER_HOUR = 0.60
 INTERFACE_ENDPOINT_PER_AZ_HOUR = 0.01
+
+
+@dataclass(frozen=True)
+class OnDemandQuota:
+    """The EC2 Service Quotas entry that caps running on-demand vCPUs of an instance family."""
+
+    code: str
+    name: str
+
+
+# https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html (codes from
+# `aws service-quotas list-service-quotas --service-code ec2`). New accounts often have 0 or a
+# few vCPUs of G and VT, which fails a GPU node group about 25 minutes into a deploy.
+ON_DEMAND_QUOTAS = {
+    "G": OnDemandQuota("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "P": OnDemandQuota("L-417A185B", "Running On-Demand P instances"),
+    "Standard": OnDemandQuota("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+}
+
+
+def on_demand_quota(instance_type: str) -> OnDemandQuota:
+    family = instance_type[0].upper()
+    if family in ("G", "V"):
+        return ON_DEMAND_QUOTAS["G"]
+    if family == "P":
+        return ON_DEMAND_QUOTAS["P"]
+    return ON_DEMAND_QUOTAS["Standard"]
 
 
 def known_instance_types(*, gpu: bool | None = None) -> list[str]:

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Scrapes must divide a CloudWatch minute so that a dashboard's per-minute sum of a gauge can be
 # turned back into one reading (sum / scrapes per minute).
 SCRAPE_INTERVALS = (10, 15, 20, 30, 60)
+# AMP user guide, "Scraper limitations": a managed scraper refuses scrape intervals under 30 s.
+AMP_MIN_SCRAPE_INTERVAL = 30
 WORKSPACE_ARN = re.compile(r"^arn:aws[a-z-]*:aps:[a-z0-9-]+:\d{12}:workspace/ws-[0-9a-f-]+$")
 ADDON_VERSION = re.compile(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")
 
@@ -30,7 +32,10 @@ class ObservabilityConfig(BaseModel):
     )
     scrape_interval_seconds: int = Field(
         default=30,
-        description=f"Seconds between scrapes of every Ray pod; one of {', '.join(map(str, SCRAPE_INTERVALS))}.",
+        description=(
+            f"Seconds between scrapes of every Ray pod; one of {', '.join(map(str, SCRAPE_INTERVALS))} "
+            f"(with backend amp at least {AMP_MIN_SCRAPE_INTERVAL}: managed scrapers refuse shorter intervals)."
+        ),
     )
     log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
         default=30,

@@ -8,7 +8,6 @@ Cross-field rules that would otherwise surface twenty minutes into ``cdk deploy`
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import ipaddress
 import re
 from typing import Annotated, Literal
@@ -16,11 +15,27 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config import catalog, versions
-from config.observability import ObservabilityConfig
+from cdk_constructs.kuberay_rules import MAX_RAY_SERVICE_NAME_LENGTH
+from config.observability import AMP_MIN_SCRAPE_INTERVAL, ObservabilityConfig
 from serve_app.spec import PHASES, ServingSpec
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 PLACEHOLDER_ACCOUNT = "000000000000"
+# Stands in for the deployer's address until `make deploy` resolves it: RFC 5737 TEST-NET-1,
+# which no client comes from, so a template deployed without the guard fails closed.
+UNRESOLVED_DEPLOYER_CIDR = "192.0.2.1/32"
+
+
+def _installed(distribution: str) -> bool:
+    """Whether a package is installed, without importing it (aws_cdk's import starts a Node.js process)."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 class StrictModel(BaseModel):
@@ -127,6 +142,15 @@ class EndpointAccessConfig(StrictModel):
     private: bool = Field(
         description="Also expose the API endpoint inside the VPC (nodes use it).", default=True
     )
+    allow_deployer_address: bool = Field(
+        default=False,
+        description=(
+            "`make deploy` adds the public IPv4 address it runs from (as a /32, looked up at deploy "
+            "time, never at synth) to public_cidrs, so the person who deploys can use kubectl at once. "
+            f"Offline synth puts {UNRESOLVED_DEPLOYER_CIDR} (RFC 5737, reaches nothing) in its place. "
+            "Deploy again from a new address to move it."
+        ),
+    )
 
     @field_validator("public_cidrs")
     @classmethod
@@ -142,10 +166,10 @@ class EndpointAccessConfig(StrictModel):
     def _reachable(self) -> EndpointAccessConfig:
         if not self.public and not self.private:
             raise ValueError("public and private are both false: the API would be unreachable")
-        if self.public and not self.public_cidrs:
+        if self.public and not self.public_cidrs and not self.allow_deployer_address:
             raise ValueError(
                 "public is true but public_cidrs is empty: list the CIDRs allowed to reach the "
-                "API, or set public: false"
+                "API, set allow_deployer_address: true, or set public: false"
             )
         return self
 
@@ -165,21 +189,71 @@ class NodeGroupSizing(StrictModel):
         return self
 
 
-class SystemNodeGroupConfig(NodeGroupSizing):
+class RootVolume(StrictModel):
+    """The encrypted gp3 root volume of a node group, where images (and weights) land."""
+
+    root_volume_iops: int = Field(
+        default=6000,
+        ge=3000,
+        le=16000,
+        description=(
+            "gp3 IOPS of the root volume (3000 is gp3's baseline, included in its price; more is billed "
+            "per IOPS-month). Image layers unpack as many small files."
+        ),
+    )
+    root_volume_throughput_mibps: int = Field(
+        default=500,
+        ge=125,
+        le=1000,
+        description=(
+            "gp3 throughput of the root volume in MiB/s. 125 (the baseline) makes a pull of the "
+            "multi-GB serving image and of the weights take minutes; 500 cuts that about fourfold for "
+            "about $15 per node-month. At most IOPS / 4."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _gp3_ratio(self):
+        if self.root_volume_throughput_mibps * 4 > self.root_volume_iops:
+            raise ValueError(
+                f"root_volume_throughput_mibps={self.root_volume_throughput_mibps} needs at least "
+                f"{self.root_volume_throughput_mibps * 4} root_volume_iops (gp3 allows 0.25 MiB/s per IOPS); "
+                "raise the IOPS or lower the throughput"
+            )
+        return self
+
+
+class SystemNodeGroupConfig(NodeGroupSizing, RootVolume):
     instance_type: str = Field(
         description="Instance type of the system nodes (KubeRay operator, Ray head).",
         default="m7i.xlarge",
     )
-    root_volume_gib: int = Field(description="Encrypted gp3 root volume size.", default=50, ge=20)
+    root_volume_gib: int = Field(
+        description=(
+            "Encrypted gp3 root volume size. The Ray head runs here from the serving image, which is "
+            f"tens of GB unpacked plus its compressed layers: at least {versions.SERVING_IMAGE_NODE_DISK_GIB} GiB."
+        ),
+        default=100,
+    )
+
+    @field_validator("root_volume_gib")
+    @classmethod
+    def _room_for_image(cls, value: int) -> int:
+        if value < versions.SERVING_IMAGE_NODE_DISK_GIB:
+            raise ValueError(
+                f"root_volume_gib={value} leaves no room for the serving image that the Ray head pulls here "
+                f"(tens of GB unpacked plus its compressed layers); use at least {versions.SERVING_IMAGE_NODE_DISK_GIB}"
+            )
+        return value
 
 
-class GpuNodeGroupConfig(NodeGroupSizing):
+class GpuNodeGroupConfig(NodeGroupSizing, RootVolume):
     instance_type: str = Field(
         description="EFA-capable GPU instance type of this phase, for example g6.8xlarge.",
         default="g6.8xlarge",
     )
     root_volume_gib: int = Field(
-        description="Encrypted gp3 root volume; the serving image alone is tens of GB.",
+        description="Encrypted gp3 root volume; the serving image alone is tens of GB, and weights land here.",
         default=200,
         ge=200,
     )
@@ -211,6 +285,19 @@ class GpuNodeGroups(StrictModel):
     decode: GpuNodeGroupConfig = Field(description="Nodes that run the decode engines.")
 
 
+class AutoscalingConfig(StrictModel):
+    scale_down_idle_minutes: int = Field(
+        default=10,
+        ge=1,
+        le=1440,
+        description=(
+            "Minutes a node stays unneeded before Cluster Autoscaler removes it; Ray's idle timeout for "
+            "worker pods (autoscalerOptions.idleTimeoutSeconds) is set to the same, so an idle GPU worker "
+            "pod goes first and its node follows."
+        ),
+    )
+
+
 class ClusterConfig(StrictModel):
     kubernetes_version: str = Field(
         description=(
@@ -221,8 +308,27 @@ class ClusterConfig(StrictModel):
     )
     endpoint: EndpointAccessConfig = Field(description="Kubernetes API endpoint access.")
     admin_principals: list[str] = Field(
-        description="IAM role or user ARNs granted cluster admin through EKS access entries.",
+        description=(
+            "IAM role or user ARNs granted cluster admin through EKS access entries. A role ARN "
+            "includes its path (SSO roles: arn:aws:iam::<account>:role/aws-reserved/sso.amazonaws.com/"
+            "<region>/AWSReservedSSO_…); `aws iam get-role --role-name NAME` prints it."
+        ),
         default_factory=list,
+    )
+    grant_deployer_admin: bool = Field(
+        default=True,
+        description=(
+            "`make deploy` resolves the IAM role or user that runs it (at deploy time, from your "
+            "credentials) and grants it cluster admin, so whoever deploys can use kubectl. Another "
+            "person's later deploy moves that grant to them: list lasting admins in admin_principals."
+        ),
+    )
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
+        default=30,
+        description=(
+            "Days to keep the EKS control-plane logs and the logs of the stack's own Lambda functions "
+            "(kubectl handler, custom-resource providers); all are deleted with the stack."
+        ),
     )
     metadata_hop_limit: int = Field(
         description=(
@@ -237,6 +343,19 @@ class ClusterConfig(StrictModel):
         description="CPU nodes for the KubeRay operator and the Ray head."
     )
     gpu_node_groups: GpuNodeGroups = Field(description="One EFA GPU node group per phase.")
+    autoscaling: AutoscalingConfig = Field(
+        default_factory=AutoscalingConfig,
+        description="Cluster Autoscaler: GPU nodes per phase follow Ray's pending worker pods, from zero too.",
+    )
+    addon_versions: dict[Literal["vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"], str] = Field(
+        default_factory=dict,
+        description=(
+            "Versions of EKS's managed add-ons, e.g. {kube-proxy: v1.35.3-eksbuild.2}; each must be one EKS lists "
+            "for kubernetes_version (`aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name "
+            "kube-proxy`). Left out, EKS installs its default for the cluster's version. Set them again when "
+            "you change kubernetes_version."
+        ),
+    )
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -253,13 +372,30 @@ class ClusterConfig(StrictModel):
                 f"EKS no longer creates Kubernetes {value} clusters (extended support ended "
                 f"{end.isoformat()}); use {versions.DEFAULT_KUBERNETES_VERSION}"
             )
-        if importlib.util.find_spec(release.layer_module) is None:
+        if value not in versions.CLUSTER_AUTOSCALER_RELEASES:
+            raise ValueError(
+                f"Kubernetes {value} has no Cluster Autoscaler release pinned in config/versions.py "
+                f"(CLUSTER_AUTOSCALER_RELEASES); add the latest cluster-autoscaler-{value}.x or use "
+                f"{versions.DEFAULT_KUBERNETES_VERSION}"
+            )
+        if not _installed(release.layer_package):
             raise ValueError(
                 f"Kubernetes {value} needs the kubectl layer package {release.layer_package}, "
                 f"which is not installed; add it to requirements.txt or use "
                 f"{versions.DEFAULT_KUBERNETES_VERSION}"
             )
         return value
+
+    @field_validator("addon_versions")
+    @classmethod
+    def _addon_versions(cls, values: dict[str, str]) -> dict[str, str]:
+        for name, version in values.items():
+            if not re.match(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$", version):
+                raise ValueError(
+                    f"{name}: {version!r} is not an EKS add-on version such as v1.35.3-eksbuild.2; list them with "
+                    f"`aws eks describe-addon-versions --addon-name {name}`"
+                )
+        return values
 
     @field_validator("admin_principals")
     @classmethod
@@ -283,8 +419,18 @@ class ChartVersions(StrictModel):
         default=versions.EFA_DEVICE_PLUGIN.version,
     )
     kuberay_operator: str = Field(
-        description="Chart version of the KubeRay operator (its CRDs must match the RayService).",
+        description=(
+            "Chart version of the KubeRay operator (its CRDs must match the RayService; Helm does not "
+            "upgrade CRDs, `make upgrade-crds` does)."
+        ),
         default=versions.KUBERAY_OPERATOR.version,
+    )
+    cluster_autoscaler: str = Field(
+        description=(
+            "Chart version of Cluster Autoscaler; the autoscaler release itself follows "
+            "cluster.kubernetes_version (config/versions.py)."
+        ),
+        default=versions.CLUSTER_AUTOSCALER.version,
     )
 
 
@@ -325,7 +471,13 @@ class EndpointExposure(StrictModel):
 
 class RayServiceConfig(StrictModel):
     namespace: str = Field(default="llm", description="Kubernetes namespace of the RayService.")
-    name: str = Field(default="pd-llm", description="Name of the RayService object.")
+    name: str = Field(
+        default="pd-llm",
+        description=(
+            "Name of the RayService object: a DNS-1035 label of at most 47 characters, as KubeRay "
+            "requires. Its Services are <name>-serve-svc and <name>-head-svc."
+        ),
+    )
     image: str = Field(
         default=f"{versions.SERVING_IMAGE_REPOSITORY}:{versions.SERVING_IMAGE_TAG}",
         description=(
@@ -342,10 +494,23 @@ class RayServiceConfig(StrictModel):
         default_factory=EndpointExposure, description="How clients reach the endpoint."
     )
 
-    @field_validator("namespace", "name")
+    @field_validator("namespace")
     @classmethod
     def _label(cls, value: str) -> str:
         return dns_label(value)
+
+    @field_validator("name")
+    @classmethod
+    def _kuberay_name(cls, value: str) -> str:
+        # KubeRay's ValidateRayServiceMetadata: a DNS-1035 label of at most 47 characters (its
+        # RayCluster gets a 6-character suffix and its Service "-serve-svc" on top).
+        if len(value) > MAX_RAY_SERVICE_NAME_LENGTH or not DNS_1035_LABEL.match(value):
+            raise ValueError(
+                f"{value!r} is a name KubeRay refuses; use a DNS-1035 label of at most "
+                f"{MAX_RAY_SERVICE_NAME_LENGTH} characters: lower-case letters, digits and '-', starting with "
+                "a letter and ending with a letter or digit, for example pd-llm"
+            )
+        return value
 
     @field_validator("image")
     @classmethod
@@ -396,6 +561,57 @@ class PlannerSettings(StrictModel):
         default=1.5,
         ge=0,
         description="GPU memory per GPU taken by CUDA context, activations and CUDA graphs.",
+    )
+    # Time to a new serving replica: each step an estimate to calibrate with a real deploy
+    # (`make verify` reports how long the last replica took).
+    node_boot_seconds: float = Field(
+        default=90,
+        gt=0,
+        description=(
+            "EC2 launch to a Ready Kubernetes node for a new GPU node. AWS publishes no figure; field reports "
+            "of autoscaler-driven scale-ups give 45-90 s for the node (the upper end is used)."
+        ),
+    )
+    image_compressed_gib: float = Field(
+        default=12.6,
+        gt=0,
+        description=(
+            "Compressed size of the serving image. AWS publishes none for the Ray LLM DLC; vLLM's CUDA image "
+            "is about 12.6 GB (vllm-project/vllm#27154), and the DLC carries vLLM, Ray and EFA."
+        ),
+    )
+    image_unpacked_gib: float = Field(
+        default=28.6,
+        gt=0,
+        description=(
+            "Unpacked size of the serving image on the node (vLLM's CUDA image: 28.6 GB, vllm-project/vllm#22377). "
+            "A pull writes the compressed layers and the unpacked snapshot to the root volume."
+        ),
+    )
+    hf_download_mibps: float = Field(
+        default=475,
+        gt=0,
+        description=(
+            "Download rate of model files from Hugging Face through the NAT gateway (about 500 MB/s, where the "
+            "hf_transfer README places the plain client's ceiling; a NAT gateway gives 5 Gbps, scaling to 100)."
+        ),
+    )
+    s3_stream_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Rate of streaming safetensors from the S3 mirror into the engine. Left empty: the node's network "
+            "bandwidth × network_efficiency (Run:ai Model Streamer's S3 benchmark loads Llama-3-8B, 15 GB, in "
+            "4.9 s at concurrency 32, so the network is the limit)."
+        ),
+    )
+    engine_start_seconds: float = Field(
+        default=80,
+        gt=0,
+        description=(
+            "vLLM engine start after the weights are loaded: torch.compile (66.5 s for an 8B model on an L4, "
+            "vllm-project/vllm#20264) plus CUDA graph capture and KV-cache allocation."
+        ),
     )
 
 
@@ -461,20 +677,34 @@ class AppConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _egress_for_images_and_models(self) -> AppConfig:
-        if self.network.nat_gateways:
-            return self
-        needed = {"ecr.api", "ecr.dkr", "sts", "eks", "eks-auth", "logs"}
-        missing = sorted(needed - set(self.network.interface_endpoints))
-        if missing:
+    def _egress_for_charts_and_images(self) -> AppConfig:
+        if self.network.nat_gateways == 0:
+            # No VPC endpoint reaches public Helm repositories (github.io) or registries outside the
+            # region's ECR (nvcr.io, quay.io, registry.k8s.io, another region's ECR).
             raise ValueError(
-                "network.nat_gateways is 0, so private nodes reach AWS only through endpoints; add "
-                f"{', '.join(missing)} to network.interface_endpoints or set nat_gateways: 1"
+                "network.nat_gateways is 0, but the Helm charts come from public chart repositories and the "
+                "device plugins' and KubeRay's images from nvcr.io, quay.io and other regions' ECR, which no VPC "
+                "endpoint reaches; set nat_gateways: 1"
             )
-        if not self.serving.model.is_s3:
+        return self
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key, value in tags.items():
+            if key.lower().startswith("aws:"):
+                raise ValueError(f"key {key!r} starts with 'aws:', which AWS reserves for its own tags; rename it")
+            if not 1 <= len(key) <= 128 or len(value) > 256:
+                raise ValueError(f"{key!r}: tag keys take 1-128 characters and values at most 256; shorten it")
+        return tags
+
+    @model_validator(mode="after")
+    def _amp_scrape_interval(self) -> AppConfig:
+        observability = self.observability
+        if observability.backend == "amp" and observability.scrape_interval_seconds < AMP_MIN_SCRAPE_INTERVAL:
             raise ValueError(
-                "network.nat_gateways is 0, so nodes cannot download from Hugging Face; mirror the "
-                "model to S3 and set serving.model.source to its s3:// URI, or set nat_gateways: 1"
+                f"observability.scrape_interval_seconds={observability.scrape_interval_seconds}, but Amazon Managed "
+                f"Prometheus scrapers refuse intervals under {AMP_MIN_SCRAPE_INTERVAL} s; use 30 or 60"
             )
         return self
 
@@ -523,3 +753,23 @@ class AppConfig(StrictModel):
     @property
     def cluster_name(self) -> str:
         return self.name
+
+
+class DeployFacts(StrictModel):
+    """What `make deploy` learns from AWS at deploy time and passes in; empty at offline synth."""
+
+    deployer_principal: str | None = Field(
+        default=None,
+        description="IAM role (with its path) or user ARN of whoever runs `make deploy`.",
+        pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$",
+    )
+    deployer_cidr: str | None = Field(
+        default=None, description="The public IPv4 address `make deploy` runs from, as a /32."
+    )
+
+    @field_validator("deployer_cidr")
+    @classmethod
+    def _single_address(cls, value: str | None) -> str | None:
+        if value is not None and ipaddress.IPv4Network(value).prefixlen != 32:
+            raise ValueError(f"deployer_cidr {value} is not a single IPv4 address (/32)")
+        return value

@@ -74,6 +74,28 @@ KUBERAY_OPERATOR = HelmChartPin(
     repository="https://ray-project.github.io/kuberay-helm/",
     version="1.7.0",
 )
+# Cluster Autoscaler: the chart from kubernetes/autoscaler, and the autoscaler release that
+# matches the cluster's Kubernetes minor (its README: "use the latest Cluster Autoscaler release
+# that corresponds to the minor version of Kubernetes"). Chart 9.59.0 still defaults to 1.35.0,
+# so the image tag is always set from this table (latest patch of each line, tags
+# cluster-autoscaler-1.3x.y in kubernetes/autoscaler).
+CLUSTER_AUTOSCALER = HelmChartPin(
+    chart="cluster-autoscaler",
+    repository="https://kubernetes.github.io/autoscaler",
+    version="9.59.0",
+)
+CLUSTER_AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
+CLUSTER_AUTOSCALER_RELEASES: dict[str, str] = {
+    "1.32": "v1.32.7",
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
+    "1.36": "v1.36.1",
+}
+# KubeRay's CRDs, applied server-side by `make upgrade-crds` when the operator chart moves (Helm
+# installs a chart's crds/ once and never upgrades them).
+KUBERAY_CRDS_KUSTOMIZATION = "github.com/ray-project/kuberay/ray-operator/config/crd?ref=v{version}"
+
 # Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),
 # which ships the controller's IAM policy for the versions it knows; newest known to 2.275.0.
 AWS_LOAD_BALANCER_CONTROLLER = "V3_2_2"
@@ -86,6 +108,9 @@ SERVING_IMAGE_REPOSITORY = "763104351884.dkr.ecr.{region}.amazonaws.com/ray"
 SERVING_IMAGE_TAG = "serve-llm-cuda-v1.0.0"
 SERVING_IMAGE_RAY_VERSION = "2.58.0"
 SERVING_IMAGE_VLLM_VERSION = "0.26.0"
+# Root volume a node needs to pull the serving image: containerd keeps the compressed layers and
+# the unpacked snapshot (tens of GB for a CUDA + PyTorch + vLLM image), plus the OS and other images.
+SERVING_IMAGE_NODE_DISK_GIB = 100
 
 # What the Python tests and `make local` run. The package index has no vLLM CPU build that pairs
 # with Ray 2.58's vLLM pin on this CPU PyTorch, so the tests run the newer Ray below; see README.

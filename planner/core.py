@@ -133,6 +133,7 @@ class PlanReport:
     warnings: list[str]
     verdict: str
     cost: CostBreakdown
+    scaling: object | None = None  # planner.scaling.ScalingPlan, when planned from a config
 
     @property
     def ok(self) -> bool:

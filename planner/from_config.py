@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from config.schema import AppConfig
-from planner.core import Assumptions, PhasePlanInputs, PlanInputs, PlanReport, plan
+from planner.core import PHASES, Assumptions, PhasePlanInputs, PlanInputs, PlanReport, plan
 from planner.errors import PlanningError
 from planner.models import dtype_bytes
+from planner.scaling import scaling_plan
 
 
 def plan_inputs(config: AppConfig) -> PlanInputs:
@@ -55,4 +58,17 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
 
 
 def plan_config(config: AppConfig) -> PlanReport:
-    return plan(plan_inputs(config))
+    """The plan of an environment, with what scaling costs and how long a new replica takes."""
+    report = plan(plan_inputs(config))
+    gpu_lines = sum(line.per_hour for line in report.cost.lines if line.item.startswith(PHASES))
+    scaling = scaling_plan(
+        config,
+        fixed_per_hour=report.cost.per_hour - gpu_lines,
+        weights_bytes=report.model.num_parameters * report.inputs.dtype_bytes,
+    )
+    return replace(
+        report,
+        scaling=scaling,
+        errors=[*report.errors, *scaling.errors],
+        warnings=[*report.warnings, *scaling.warnings],
+    )

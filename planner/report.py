@@ -71,4 +71,39 @@ def render_text(report: PlanReport) -> str:
         + [["total", "", "", f"{c.per_hour:.4f}"]],
     )
     out.append(f"per 30-day month: ${c.per_month:,.2f} (data transfer and NAT processing not included)")
+    if report.scaling is not None:
+        out += ["", *_scaling(report.scaling)]
     return "\n".join(out) + "\n"
+
+
+def _scaling(scaling) -> list[str]:
+    out = [f"Scaling (Cluster Autoscaler; an idle node goes after {scaling.idle_minutes} min)"]
+    out += _table(
+        ["GPU group", "min", "max", "serving", "NewCluster upgrade"],
+        [
+            [f"{g.phase} ({g.instance_type})", str(g.min_size), str(g.max_size), str(g.steady_nodes),
+             f"{g.upgrade_nodes} ({'fits' if g.upgrade_nodes <= g.max_size else 'over max_size'})"]
+            for g in scaling.groups
+        ],
+    )
+    out.append(
+        f"cost per hour: ${scaling.per_hour('min'):.4f} with every GPU group at min_size, "
+        f"${scaling.per_hour('max'):.4f} at max_size"
+    )
+    tables: dict[tuple, list[str]] = {}
+    for phase, times in scaling.replica_times.items():
+        tables.setdefault(tuple(times), []).append(phase)
+    for times, phases in tables.items():
+        out += ["", f"Time to a new {' or '.join(phases)} replica on a new node (estimates; calibrate with make verify)"]
+        out += _table(
+            ["step", *(t.source for t in times)],
+            [
+                ["node boot", *(f"{t.node_boot:.0f} s" for t in times)],
+                ["image pull", *(f"{t.image_pull:.0f} s" for t in times)],
+                ["weights", *(f"{t.weights:.0f} s" for t in times)],
+                ["engine start", *(f"{t.engine_start:.0f} s" for t in times)],
+                ["total", *(f"{t.total:.0f} s ({t.total / 60:.1f} min)" for t in times)],
+                ["NAT data processing", *(f"${t.nat_cost:.2f} ({t.nat_gb:.1f} GB)" for t in times)],
+            ],
+        )
+    return out

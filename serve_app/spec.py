@@ -32,6 +32,8 @@ MANAGED_ENGINE_KWARGS = {
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
+DECODE_SIDE_CHANNEL_OFFSET = 2000
 
 
 class SpecModel(BaseModel):
@@ -111,6 +113,17 @@ class KvTransferSpec(SpecModel):
         description=(
             "Address NIXL's handshake listens on. Unset on the cluster (Ray uses the node IP); "
             "127.0.0.1 on a laptop."
+        ),
+    )
+    side_channel_port_base: int = Field(
+        default=20000,
+        ge=1024,
+        le=63000,
+        description=(
+            "First port of NIXL's handshake listeners: prefill engines listen from this port, decode "
+            f"engines from it plus {DECODE_SIDE_CHANNEL_OFFSET} (Ray Serve LLM adds a per-replica offset; "
+            "its defaults are 20000 and 22000). It matters where both phases share a host, as in the "
+            "local run; move it when something else holds those ports."
         ),
     )
 
@@ -307,9 +320,24 @@ class ServingSpec(SpecModel):
         runtime_env = self.runtime_env()
         if runtime_env:
             config["runtime_env"] = runtime_env
-        if phase == "decode" and self.prewarm_nixl:
-            config["experimental_configs"] = {"_prewarm_prefill_decode": True}
+        experimental = self.experimental_configs(phase)
+        if experimental:
+            config["experimental_configs"] = experimental
         return config
+
+    def side_channel_port(self, phase: str) -> int:
+        """The first NIXL handshake port of a phase's engines (Ray adds a per-replica offset)."""
+        offset = DECODE_SIDE_CHANNEL_OFFSET if phase == "decode" else 0
+        return self.kv_transfer.side_channel_port_base + offset
+
+    def experimental_configs(self, phase: str) -> dict[str, Any]:
+        """Ray Serve LLM's ``LLMConfig.experimental_configs`` of a phase (keys read by Ray 2.58 and 2.60)."""
+        experimental: dict[str, Any] = {}
+        if phase in KV_ROLE:
+            experimental["NIXL_SIDE_CHANNEL_PORT_BASE"] = self.side_channel_port(phase)
+        if phase == "decode" and self.prewarm_nixl:
+            experimental["_prewarm_prefill_decode"] = True
+        return experimental
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:
         """(Ray builder name, its argument dict) for this spec's mode."""

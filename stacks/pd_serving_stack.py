@@ -8,26 +8,40 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from cdk_constructs import addons
+from cdk_constructs.autoscaler import ClusterAutoscaler
 from cdk_constructs.cluster import EksCluster
+from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
-from config.schema import AppConfig
+from config.schema import AppConfig, DeployFacts
+from config.versions import CLUSTER_AUTOSCALER_RELEASES
 
 
 class PdServingStack(Stack):
-    def __init__(self, scope: Construct, id_: str, *, config: AppConfig, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        config: AppConfig,
+        deployer: DeployFacts | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         cluster_config = config.cluster
-        network = Network(self, "Network", config=config.network)
+        logs = EncryptedLogs(self, "Logs", description=f"CloudWatch log groups of {config.stack_name}")
+        network = Network(self, "Network", config=config.network, logs=logs)
         eks_cluster = EksCluster(
             self,
             "Eks",
             config=cluster_config,
+            deployer=deployer or DeployFacts(),
             cluster_name=config.cluster_name,
             vpc=network.vpc,
             subnets=network.private_subnets,
+            logs=logs,
             load_balancer_controller=config.ray_service.endpoint.internal_nlb,
         )
         cluster = eks_cluster.cluster
@@ -40,6 +54,7 @@ class PdServingStack(Stack):
             config=cluster_config.system_node_group,
             subnets=network.private_subnets,
             metadata_hop_limit=cluster_config.metadata_hop_limit,
+            kubernetes_version=cluster_config.kubernetes_version,
         )
         fabric = EfaFabric(self, "EfaFabric", vpc=network.vpc)
         gpu_groups = {
@@ -52,6 +67,7 @@ class PdServingStack(Stack):
                 fabric=fabric,
                 subnet=network.gpu_subnet,
                 metadata_hop_limit=cluster_config.metadata_hop_limit,
+                kubernetes_version=cluster_config.kubernetes_version,
             )
             for phase in ("prefill", "decode")
         }
@@ -66,24 +82,40 @@ class PdServingStack(Stack):
             config=config.observability,
             namespace=config.ray_service.namespace,
             dashboard_name=f"{config.name}-pd-serving",
+            logs=logs,
             subnets=network.private_subnets,
         )
         # The collector only becomes ACTIVE once its agents can run on a node.
         observability.node.add_dependency(system.nodegroup)
 
         charts = config.charts
+        autoscaler = ClusterAutoscaler(
+            self,
+            "ClusterAutoscaler",
+            cluster=cluster,
+            cluster_name=config.cluster_name,
+            chart_version=charts.cluster_autoscaler,
+            image_tag=CLUSTER_AUTOSCALER_RELEASES[cluster_config.kubernetes_version],
+            scale_down_idle_minutes=cluster_config.autoscaling.scale_down_idle_minutes,
+        )
+        # Removed before any node group on teardown, so that it never scales a group being deleted.
+        autoscaler.node.add_dependency(system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
         addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
         self.kuberay = addons.kuberay_operator(
             self, cluster=cluster, version=charts.kuberay_operator
         )
         serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
-        # Teardown runs in reverse: the RayService (and any load balancer its Service owns) is
-        # deleted while the nodes, KubeRay and the load balancer controller still run, so the
-        # controller removes the NLB, its security groups and ENIs before the VPC goes.
-        serving.manifest.node.add_dependency(system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
-        if cluster.alb_controller:
-            serving.manifest.node.add_dependency(cluster.alb_controller)
+        # Teardown runs in reverse: the RayService is deleted while the nodes and KubeRay still run;
+        # then the NLB's Service, whose deletion waits until the load balancer controller has removed
+        # the NLB, its security groups and ENIs; only then the controller, the nodes and the VPC.
+        nodegroups = (system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
+        serving.manifest.node.add_dependency(*nodegroups)
+        if serving.serve_service:
+            serving.serve_service.node.add_dependency(*nodegroups, cluster.alb_controller)
+
+        # Last, once every construct exists: CDK's provider functions log to groups the stack owns.
+        logs.capture_function_logs(self, retention_days=cluster_config.log_retention_days)
 
         CfnOutput(self, "ClusterName", value=cluster.cluster_name)
         CfnOutput(
@@ -91,6 +123,7 @@ class PdServingStack(Stack):
             "UpdateKubeconfigCommand",
             value=f"aws eks update-kubeconfig --region {self.region} --name {cluster.cluster_name}",
         )
+        CfnOutput(self, "ClusterSecurityGroupId", value=cluster.cluster_security_group_id)
         CfnOutput(self, "SystemNodeGroup", value=system.nodegroup.nodegroup_name)
         for phase, group in gpu_groups.items():
             CfnOutput(self, f"{phase.title()}NodeGroup", value=group.nodegroup.nodegroup_name)
@@ -104,3 +137,4 @@ class PdServingStack(Stack):
         self.serving = serving
         self.network = network
         self.gpu_groups = gpu_groups
+        self.autoscaler = autoscaler

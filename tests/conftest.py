@@ -54,11 +54,11 @@ def bench_rows() -> dict:
     return {}
 
 
-def serve_locally(mode: str, port: int, metrics_port: int):
+def serve_locally(mode: str, port: int, metrics_port: int, code_from_asset=None):
     """A module's local server: started once, always stopped, and proven to leave nothing behind."""
     from local.harness import LocalServer, session_processes
 
-    running = LocalServer(mode=mode, port=port, metrics_port=metrics_port).start()
+    running = LocalServer(mode=mode, port=port, metrics_port=metrics_port, code_from_asset=code_from_asset).start()
     try:
         yield running
     finally:
@@ -92,10 +92,23 @@ def measure_one_request(server, client, model: str) -> dict:
     )
     return {
         "ready_seconds": server.status["ready_seconds"],
+        "models_listed_seconds": server.status["models_seconds"],
         "one_request_seconds": round(time.monotonic() - started, 3),
         "prompt_tokens": response.usage.prompt_tokens,
         "completion_tokens": response.usage.completion_tokens,
     }
+
+
+def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> dict:
+    """The RayService manifest of a config, rendered as the construct renders it."""
+    from cdk_constructs.ray_service_manifest import ray_service
+    from serve_app.serve_config import serve_config_yaml
+
+    return ray_service(
+        config,
+        serve_config_v2=serve_config_yaml(config.serving, working_dir=working_dir),
+        service_account="ray-serve",
+    )
 
 
 def synth_variant(tmp_path, data: dict, name: str):

@@ -114,8 +114,10 @@ def test_name_must_be_dns_label(dev_data, name):
 
 
 def test_public_endpoint_needs_cidrs(dev_data):
-    dev_data["cluster"]["endpoint"]["public_cidrs"] = []
-    assert "cluster.endpoint: public is true but public_cidrs is empty" in problems_for(dev_data)
+    dev_data["cluster"]["endpoint"].update(public_cidrs=[], allow_deployer_address=False)
+    message = problems_for(dev_data)
+    assert "cluster.endpoint: public is true but public_cidrs is empty" in message
+    assert "set allow_deployer_address: true" in message
 
 
 def test_zones_must_be_in_region(dev_data):
@@ -230,17 +232,40 @@ def test_world_open_endpoint_in_production(dev_data):
     assert "public_cidrs contains 0.0.0.0/0 in a production environment" in problems_for(dev_data)
 
 
-def test_no_nat_and_no_endpoints(dev_data):
-    dev_data["network"]["nat_gateways"] = 0
-    message = problems_for(dev_data)
-    assert "network.nat_gateways is 0" in message
-    assert "add eks, eks-auth, logs, sts to network.interface_endpoints" in message
-
-
-def test_no_nat_with_endpoints_still_needs_an_s3_model(dev_data):
+@pytest.mark.parametrize("model_source", ["Qwen/Qwen2.5-7B-Instruct", "s3://my-models/qwen"])
+def test_no_nat_is_refused_because_charts_and_images_need_it(dev_data, model_source):
     dev_data["network"]["nat_gateways"] = 0
     dev_data["network"]["interface_endpoints"] = ["ecr.api", "ecr.dkr", "sts", "eks", "eks-auth", "logs"]
-    assert "cannot download from Hugging Face; mirror the model to S3" in problems_for(dev_data)
+    dev_data["serving"]["model"]["source"] = model_source
+    (line,) = [line for line in problems_for(dev_data).splitlines() if "nat_gateways" in line]
+    assert "network.nat_gateways is 0, but the Helm charts come from public chart repositories" in line
+    assert line.endswith("set nat_gateways: 1")
+
+
+@pytest.mark.parametrize("key", ["aws:owner", "AWS:cost-center"])
+def test_reserved_tag_prefix_is_refused(dev_data, key):
+    dev_data["tags"][key] = "platform"
+    assert f"tags: key {key!r} starts with 'aws:', which AWS reserves for its own tags; rename it" in problems_for(dev_data)
+
+
+def test_system_root_volume_too_small_for_the_head_image(dev_data):
+    dev_data["cluster"]["system_node_group"]["root_volume_gib"] = 50
+    message = problems_for(dev_data)
+    assert "cluster.system_node_group.root_volume_gib: root_volume_gib=50 leaves no room for the serving image" in message
+    assert "use at least 100" in message
+
+
+def test_gp3_throughput_needs_its_iops(dev_data):
+    dev_data["cluster"]["gpu_node_groups"]["prefill"].update(root_volume_throughput_mibps=1000, root_volume_iops=3000)
+    message = problems_for(dev_data)
+    assert "cluster.gpu_node_groups.prefill: root_volume_throughput_mibps=1000 needs at least 4000 root_volume_iops" in message
+
+
+def test_amp_scrape_interval_under_30_seconds_is_refused(dev_data):
+    dev_data["observability"] = {"backend": "amp", "scrape_interval_seconds": 15}
+    assert "Amazon Managed Prometheus scrapers refuse intervals under 30 s; use 30 or 60" in problems_for(dev_data)
+    dev_data["observability"]["backend"] = "cloudwatch"
+    parse_config(dev_data)
 
 
 @pytest.mark.parametrize("image", ["rayproject/ray-llm:latest", "rayproject/ray-llm", "my.registry/ray:stable"])

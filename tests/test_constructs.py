@@ -8,9 +8,11 @@ from aws_cdk.assertions import Match, Template
 
 from cdk_constructs import addons
 from cdk_constructs.cluster import EksCluster
+from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.loader import parse_config
+from config.schema import DeployFacts
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
 
@@ -38,21 +40,21 @@ def bare_stack(config) -> cdk.Stack:
 @pytest.fixture(scope="module")
 def network_template(config):
     stack = bare_stack(config)
-    Network(stack, "Network", config=config.network)
+    Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
     return Template.from_stack(stack)
 
 
 @pytest.fixture(scope="module")
 def cluster_parts(config):
     stack = bare_stack(config)
-    network = Network(stack, "Network", config=config.network)
+    network = Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
     eks_cluster = EksCluster(
         stack,
         "Eks",
         config=config.cluster,
         cluster_name="unit",
         vpc=network.vpc,
-        subnets=network.private_subnets,
+        subnets=network.private_subnets, deployer=DeployFacts(), logs=stack.node.find_child("Logs"),
     )
     system = SystemNodeGroup(
         stack,
@@ -61,6 +63,7 @@ def cluster_parts(config):
         config=config.cluster.system_node_group,
         subnets=network.private_subnets,
         metadata_hop_limit=1,
+        kubernetes_version="1.36",
     )
     eks_cluster.add_coredns_after(system.nodegroup)
     fabric = EfaFabric(stack, "Fabric", vpc=network.vpc)
@@ -73,6 +76,7 @@ def cluster_parts(config):
         fabric=fabric,
         subnet=network.gpu_subnet,
         metadata_hop_limit=1,
+        kubernetes_version="1.36",
     )
     addons.nvidia_device_plugin(stack, cluster=eks_cluster.cluster, version="0.20.0")
     addons.efa_device_plugin(stack, cluster=eks_cluster.cluster, version="v0.5.32")
@@ -158,7 +162,7 @@ def test_cluster_version_logging_and_secrets_encryption(cluster_parts):
                 {
                     "EndpointPublicAccess": True,
                     "EndpointPrivateAccess": True,
-                    "PublicAccessCidrs": ["203.0.113.0/24"],
+                    "PublicAccessCidrs": ["192.0.2.1/32"],  # the deployer, unresolved at offline synth
                 }
             ),
         },
@@ -190,14 +194,14 @@ def test_admin_principals_get_access_entries(config):
     data["cluster"]["admin_principals"] = ["arn:aws:iam::111111111111:role/Admin"]
     admin_config = parse_config(data)
     stack = bare_stack(admin_config)
-    network = Network(stack, "Network", config=admin_config.network)
+    network = Network(stack, "Network", config=admin_config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
     EksCluster(
         stack,
         "Eks",
         config=admin_config.cluster,
         cluster_name="unit",
         vpc=network.vpc,
-        subnets=network.private_subnets,
+        subnets=network.private_subnets, deployer=DeployFacts(), logs=stack.node.find_child("Logs"),
     )
     import json
 
@@ -368,10 +372,42 @@ def test_device_plugins_tolerate_gpu_and_efa_taints(cluster_parts):
 
 def test_helm_addon_requires_a_version(config):
     stack = bare_stack(config)
-    network = Network(stack, "Network", config=config.network)
+    network = Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
     eks_cluster = EksCluster(
         stack, "Eks", config=config.cluster, cluster_name="unit",
-        vpc=network.vpc, subnets=network.private_subnets,
+        vpc=network.vpc, subnets=network.private_subnets, deployer=DeployFacts(), logs=stack.node.find_child("Logs"),
     )
     with pytest.raises(ValueError, match="no version given for kuberay-operator; pin one"):
         addons.kuberay_operator(stack, cluster=eks_cluster.cluster, version="")
+
+
+# NVIDIA/k8s-device-plugin v0.20.0, deployments/helm/nvidia-device-plugin/values.yaml: the chart's
+# default `affinity`, which Helm keeps next to the nodeSelector this project passes. Each term is
+# one nodeSelectorTerm (terms are ORed, expressions ANDed, all with operator In).
+NVIDIA_CHART_DEFAULT_AFFINITY = [
+    {"feature.node.kubernetes.io/pci-10de.present": ["true"]},
+    {"feature.node.kubernetes.io/cpu-model.vendor_id": ["NVIDIA"]},
+    {"nvidia.com/gpu.present": ["true"]},
+]
+
+
+def _schedulable(labels: dict, node_selector: dict, affinity_terms: list[dict]) -> bool:
+    selected = all(labels.get(k) == v for k, v in node_selector.items())
+    return selected and any(all(labels.get(k) in values for k, values in term.items()) for term in affinity_terms)
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_nvidia_device_plugin_can_land_on_every_gpu_node_and_no_other(synthesized, env):
+    import json
+
+    _, _, template, _, _ = synthesized(env)
+    (chart,) = [
+        r["Properties"] for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
+        if r["Properties"]["Chart"] == "nvidia-device-plugin"
+    ]
+    values = json.loads(chart["Values"])
+    assert "affinity" not in values  # the chart's default affinity stays in force
+    nodegroups = [r["Properties"] for r in template.find_resources("AWS::EKS::Nodegroup").values()]
+    for group in nodegroups:
+        gpu = group["AmiType"] == "AL2023_x86_64_NVIDIA"
+        assert _schedulable(group["Labels"], values["nodeSelector"], NVIDIA_CHART_DEFAULT_AFFINITY) is gpu, group["Labels"]

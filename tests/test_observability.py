@@ -12,10 +12,12 @@ from pydantic import ValidationError
 
 from cdk_constructs import dashboards
 from cdk_constructs.cluster import EksCluster
+from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.observability import KNOWN_METRICS, Observability, scrape_config
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import parse_config
+from config.schema import DeployFacts
 from config.observability import ObservabilityConfig
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
@@ -40,14 +42,15 @@ def synth(app_config, config: ObservabilityConfig, outdir=None):
         },
     )
     stack = cdk.Stack(app, "Bare", env=ENV)
-    network = Network(stack, "Network", config=app_config.network)
+    network = Network(stack, "Network", config=app_config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
     eks_cluster = EksCluster(
         stack, "Eks", config=app_config.cluster, cluster_name="unit",
-        vpc=network.vpc, subnets=network.private_subnets,
+        vpc=network.vpc, subnets=network.private_subnets, deployer=DeployFacts(), logs=stack.node.find_child("Logs"),
     )
     construct = Observability(
         stack, "Observability", cluster=eks_cluster.cluster, config=config, namespace="llm",
         dashboard_name="unit-pd-serving", subnets=network.private_subnets,
+        logs=stack.node.find_child("Logs"),
     )
     if outdir:
         attach_policy_checks(app)
@@ -129,12 +132,18 @@ def test_amp_workspace_scraper_access_and_rbac(amp):
     workspace_arn = props["Destination"]["AmpConfiguration"]["WorkspaceArn"]["Fn::GetAtt"]
     assert workspace_arn[1] == "Arn" and "Workspace" in workspace_arn[0]
     assert len(props["Source"]["EksConfiguration"]["SubnetIds"]) == 2
-    template.has_resource_properties(
-        "AWS::EKS::AccessEntry",
-        {"PrincipalArn": {"Fn::GetAtt": [Match.any_value(), "RoleArn"]}, "Username": "aps-collector-user"},
-    )
-    manifests = json.dumps(template.find_resources("Custom::AWSCDK-EKS-KubernetesResource"))
-    assert "aps-collector-user" in manifests and "ClusterRoleBinding" in manifests
+    # AMP creates the scraper role's access entry itself; a second one from the stack would fail
+    # the deploy with ResourceInUseException. Only the RBAC for its user is the stack's.
+    scraper_role = {"Fn::GetAtt": [next(iter(template.find_resources("AWS::APS::Scraper"))), "RoleArn"]}
+    entries = template.find_resources("AWS::EKS::AccessEntry")
+    assert not [e for e in entries.values() if e["Properties"]["PrincipalArn"] == scraper_role]
+    rbac = {
+        k: r for k, r in template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").items()
+        if "aps-collector-user" in json.dumps(r["Properties"]["Manifest"])
+    }
+    ((rbac_id, rbac_resource),) = rbac.items()
+    assert "ClusterRoleBinding" in json.dumps(rbac_resource["Properties"]["Manifest"])
+    assert next(iter(template.find_resources("AWS::APS::Scraper"))) in rbac_resource["DependsOn"]
     assert construct.grafana_dashboard_file == dashboards.GRAFANA_FILE
 
 

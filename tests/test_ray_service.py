@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
+from cdk_constructs.kuberay_rules import validate_ray_service
 from cdk_constructs.ray_service_manifest import ray_service
 from config.loader import parse_config
 from serve_app.serve_config import IMPORT_PATH, serve_config_yaml
@@ -73,11 +74,17 @@ def manifest_for(env: str, **changes):
             target = target.setdefault(part, {})
         target[leaf] = value
     config = parse_config(data)
-    return config, ray_service(
+    return config, checked(ray_service(
         config,
         serve_config_v2=serve_config_yaml(config.serving, working_dir="s3://bucket/code.zip"),
         service_account="ray-serve",
-    )
+    ))
+
+
+def checked(manifest: dict) -> dict:
+    """Every manifest these tests render also passes KubeRay's controller rules."""
+    validate_ray_service(manifest)
+    return manifest
 
 
 @pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
@@ -145,7 +152,8 @@ def test_worker_group_pinned_to_its_phase(phase):
     (group,) = [
         g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == f"{phase}-gpu"
     ]
-    assert group["resources"] == {f"pd_{phase}": "1"}
+    assert group["resources"] == {"CPU": "28", "GPU": "1", f"pd_{phase}": "1"}
+    assert group["rayStartParams"] == {}
     assert (group["minReplicas"], group["replicas"], group["maxReplicas"]) == (1, 1, 2)
     pod = group["template"]["spec"]
     assert pod["nodeSelector"] == {"role": "gpu", "pd-serving/phase": phase}
@@ -233,8 +241,9 @@ def test_serve_app_change_changes_the_asset(tmp_path):
     first = stage_serve_app(copy_dir)
     (copy_dir / "app.py").write_text((copy_dir / "app.py").read_text() + "\n# changed\n")
     second = stage_serve_app(copy_dir)
-    assert (first / "serve_app" / "app.py").read_text() != (second / "serve_app" / "app.py").read_text()
-    assert (first / "serve_app" / "spec.py").is_file()
+    packaged = ("working_dir", "serve_app")
+    assert first.joinpath(*packaged, "app.py").read_text() != second.joinpath(*packaged, "app.py").read_text()
+    assert first.joinpath(*packaged, "spec.py").is_file()
     assert not list(first.rglob("__pycache__"))
 
 

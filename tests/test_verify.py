@@ -230,13 +230,15 @@ def test_cli_on_a_healthy_recording_passes_every_check():
     assert done.returncode == 0, done.stdout + done.stderr
     assert [line.split(":")[0] for line in lines[:-1]] == [
         "PASS RayService ready",
+        "PASS Cluster Autoscaler sees both GPU groups",
+        "PASS no worker Pending too long",
         "PASS replicas on their node groups",
         "PASS EFA allocated to workers",
         "PASS NIXL uses EFA",
         "PASS chat completion",
         "PASS KV transferred, no recompute",
     ]
-    assert lines[-1] == "6/6 checks passed"
+    assert lines[-1] == "8/8 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -254,10 +256,66 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
-    assert out.splitlines()[-1] == "2/6 checks passed"
+    assert out.splitlines()[-1] == "4/8 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
     done = verify_cli("--recorded", str(tmp_path))
     assert done.returncode == 2
     assert "no recorded output for `kubectl get rayservice pd-llm -n llm`" in done.stderr
+
+
+AUTOSCALER_KEYS = (["get", "deployment", "cluster-autoscaler", "-n", "kube-system"],
+                   ["get", "configmap", "cluster-autoscaler-status", "-n", "kube-system"])
+
+
+def autoscaler_parts():
+    deployment, configmap = (KUBE.get_json(args) for args in AUTOSCALER_KEYS)
+    return deployment, checks.autoscaler_status(configmap)
+
+
+def test_autoscaler_sees_both_gpu_groups_with_their_configured_sizes():
+    deployment, status = autoscaler_parts()
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert result.passed, result.evidence
+    assert "prefill: eks-EksClusterNodegroupPrefillNodesD823" in result.evidence and "min 1 max 2 target 1" in result.evidence
+
+
+def test_autoscaler_with_other_sizes_or_a_missing_group_fails():
+    deployment, status = autoscaler_parts()
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (0, 4)})
+    assert not result.passed
+    assert "the config says min 0 max 4 (deploy again?)" in result.evidence
+    status["nodeGroups"] = [g for g in status["nodeGroups"] if "Decode" not in g["name"]]
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert "no decode node group among" in result.evidence
+
+
+def test_autoscaler_not_running_fails():
+    deployment, status = autoscaler_parts()
+    deployment["status"]["availableReplicas"] = 0
+    status["autoscalerStatus"] = "Initializing"
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert not result.passed
+    assert "no available replica" in result.evidence and "status is Initializing" in result.evidence
+
+
+def test_a_worker_pending_longer_than_a_new_replica_takes_fails():
+    from datetime import datetime, timezone
+
+    now = checks._status_time(autoscaler_parts()[1]["time"])
+    assert now == datetime(2026, 11, 30, 17, 59, 58, tzinfo=timezone.utc)
+    result = checks.no_worker_pending_too_long(load("pods_worker_pending.json"), now, 285)
+    assert not result.passed
+    assert "pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s, longer than the 285 s" in result.evidence
+    assert "prefill-gpu-worker-ab12c" not in result.evidence  # 108 s is within the estimate
+    healthy = checks.no_worker_pending_too_long(pods(), now, 285)
+    assert healthy.passed and "no worker pod Pending" in healthy.evidence
+
+
+def test_cli_reports_a_stuck_worker(tmp_path):
+    broken = tmp_path / "stuck"
+    shutil.copytree(HEALTHY, broken)
+    shutil.copy(FIXTURES / "pods_worker_pending.json", broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json")
+    done = verify_cli("--recorded", str(broken))
+    assert "FAIL no worker Pending too long: pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s" in done.stdout

@@ -107,6 +107,14 @@ def recorded_endpoint(directory: str):
     return run
 
 
+def replica_seconds(config) -> float:
+    """The planner's time to a new replica on a new node, for the configured weight source."""
+    from planner.from_config import plan_config
+
+    report = plan_config(config)
+    return max(times[0].total for times in report.scaling.replica_times.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the environment's config, e.g. config/dev.yaml")
@@ -136,8 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         kubectl = KubectlRunner(args.kubeconfig, args.context)
         kube = RecordingKube(kubectl, args.record) if args.record else kubectl
         endpoint = live_endpoint(args, kubectl, rs.namespace, rs.name, model)
+    groups = config.cluster.gpu_node_groups
     try:
-        results = checks.run_all(kube, namespace=rs.namespace, name=rs.name, app_name=config.serving.app_name, endpoint=endpoint)
+        results = checks.run_all(
+            kube,
+            namespace=rs.namespace,
+            name=rs.name,
+            app_name=config.serving.app_name,
+            endpoint=endpoint,
+            gpu_groups={phase: (g.min_size, g.max_size) for phase, g in (("prefill", groups.prefill), ("decode", groups.decode))},
+            pending_limit_seconds=replica_seconds(config),
+        )
     except KubeError as exc:
         print(f"FAIL cluster: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from local.metrics import (
@@ -57,6 +58,12 @@ READY, PLACED, EFA, NIXL, CHAT, KV = (
     "chat completion",
     "KV transferred, no recompute",
 )
+AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pending too long")
+# The chart is installed with fullnameOverride=cluster-autoscaler; its status ConfigMap has the
+# autoscaler's default name (--status-config-map-name).
+AUTOSCALER_NAMESPACE = "kube-system"
+AUTOSCALER_DEPLOYMENT = "cluster-autoscaler"
+AUTOSCALER_STATUS = "cluster-autoscaler-status"
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,74 @@ def replicas_on_their_node_groups(pods: dict, nodes: dict, cluster: str | None =
             else:
                 problems.append(f"{group}: {where}, expected {phase}")
     return _result(PLACED, problems, facts)
+
+
+def _status_time(text: str) -> datetime | None:
+    """The autoscaler's status time, written like Go's time.String ("2026-11-30 18:00:00.1 +0000 UTC")."""
+    match = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(\.\d+)? ([+-]\d{4})", text or "")
+    if not match:
+        return None
+    return datetime.strptime(f"{match.group(1)} {match.group(3)}", "%Y-%m-%d %H:%M:%S %z")
+
+
+def autoscaler_status(configmap: dict) -> dict:
+    """The parsed ``status`` of Cluster Autoscaler's status ConfigMap (YAML since 1.30)."""
+    import yaml
+
+    text = (configmap.get("data") or {}).get("status") or ""
+    try:
+        status = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def autoscaler_sees_gpu_groups(deployment: dict, status: dict, expected: Mapping[str, tuple[int, int]]) -> CheckResult:
+    """The autoscaler runs, and lists each phase's node group with the configured min/max.
+
+    Managed node groups reach the autoscaler as their Auto Scaling groups, named
+    ``eks-<node group>-<id>``; the node groups' generated names carry the phase
+    (``…PrefillNodes…`` / ``…DecodeNodes…``).
+    """
+    problems, facts = [], []
+    available = (deployment.get("status") or {}).get("availableReplicas") or 0
+    if available < 1:
+        problems.append(f"deployment {AUTOSCALER_DEPLOYMENT} has no available replica")
+    if status.get("autoscalerStatus") != "Running":
+        problems.append(f"status is {status.get('autoscalerStatus') or 'missing'} (ConfigMap {AUTOSCALER_STATUS})")
+    groups = status.get("nodeGroups") or []
+    for phase, (low, high) in expected.items():
+        mine = [g for g in groups if f"{phase}nodes" in (g.get("name") or "").lower()]
+        if not mine:
+            problems.append(f"no {phase} node group among {', '.join(g.get('name', '?') for g in groups) or 'none'}")
+            continue
+        health = mine[0].get("health") or {}
+        seen = (health.get("minSize"), health.get("maxSize"))
+        line = f"{phase}: {mine[0]['name']} min {seen[0]} max {seen[1]} target {health.get('cloudProviderTarget')}"
+        if seen != (low, high):
+            problems.append(f"{line}, but the config says min {low} max {high} (deploy again?)")
+        else:
+            facts.append(line)
+    return _result(AUTOSCALER, problems, facts)
+
+
+def no_worker_pending_too_long(pods: dict, now: datetime, limit_seconds: float) -> CheckResult:
+    """No GPU worker pod of any RayCluster waits longer than a new replica should take."""
+    problems, facts = [], []
+    for name, pod in sorted(worker_pods(pods).items()):
+        if (pod.get("status") or {}).get("phase") != "Pending":
+            continue
+        created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        waited = (now - created).total_seconds()
+        line = f"{name} Pending for {waited:.0f} s"
+        if waited > limit_seconds:
+            problems.append(
+                f"{line}, longer than the {limit_seconds:.0f} s a new replica should take (planner estimate): "
+                "no capacity (quota, InsufficientInstanceCapacity, max_size)? see the autoscaler's events"
+            )
+        else:
+            facts.append(f"{line} (within {limit_seconds:.0f} s)")
+    return _result(PENDING, problems, facts or [f"no worker pod Pending (limit {limit_seconds:.0f} s)"])
 
 
 def _quantity(container: dict, resource: str) -> int:
@@ -347,8 +422,13 @@ def run_all(
     name: str,
     app_name: str,
     endpoint: Callable[[dict[str, str]], list[CheckResult]],
+    gpu_groups: Mapping[str, tuple[int, int]],
+    pending_limit_seconds: float,
 ) -> list[CheckResult]:
-    """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two."""
+    """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
+
+    ``gpu_groups`` is the configured (min, max) of each phase's node group; a worker pod may wait
+    ``pending_limit_seconds`` (the planner's time to a new replica) for a node."""
     ready = rayservice_ready(kube.get_json(["get", "rayservice", name, "-n", namespace]), app_name)
     cluster = ready.data.get("cluster")
     pods = kube.get_json(["get", "pods", "-n", namespace, "-l", RAY_PODS_SELECTOR])
@@ -360,8 +440,14 @@ def run_all(
             logs[pod] = kube.logs(pod, namespace, WORKER_CONTAINER) + kube.ray_logs(pod, namespace, WORKER_CONTAINER)
         except KubeError as exc:
             logs[pod] = f"(logs unreadable: {exc})"
+    deployment = kube.get_json(["get", "deployment", AUTOSCALER_DEPLOYMENT, "-n", AUTOSCALER_NAMESPACE])
+    status = autoscaler_status(kube.get_json(["get", "configmap", AUTOSCALER_STATUS, "-n", AUTOSCALER_NAMESPACE]))
+    # The autoscaler's own clock (its last status write) dates a recording consistently.
+    now = _status_time(status.get("time", "")) or datetime.now(timezone.utc)
     return [
         ready,
+        autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
+        no_worker_pending_too_long(pods, now, pending_limit_seconds),
         replicas_on_their_node_groups(pods, nodes, cluster),
         efa_allocated(pods, cluster),
         nixl_uses_efa(logs),
