@@ -24,6 +24,9 @@ class LocalServer:
     port: int = 8000
     metrics_port: int = 8085
     spec: Path | None = None
+    # serve serve_app from this config's synthesized code asset (--code-from-asset), as the cluster does
+    code_from_asset: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
     log_path: Path = field(default_factory=lambda: RUN_DIR / "server.log")
     process: subprocess.Popen | None = None
     status: dict = field(default_factory=dict)
@@ -43,6 +46,8 @@ class LocalServer:
                 sys.executable, "-m", "local.server", "--mode", self.mode,
                 "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                 *(["--spec", str(self.spec)] if self.spec else []),
+                *(["--code-from-asset", str(self.code_from_asset)] if self.code_from_asset else []),
+                *self.extra_args,
             ],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -22,14 +22,20 @@ from local.metrics import (
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
-from tests.conftest import measure_one_request, openai_client, report_measurement, serve_locally
+from tests.conftest import CONFIG_DIR, measure_one_request, openai_client, report_measurement, serve_locally
 
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
 def server():
-    yield from serve_locally("disaggregated", port=8000, metrics_port=8085)
+    # The code comes as the cluster gets it: dev's synthesized asset, published by the CDK CLI to
+    # a loopback S3 and fetched by Ray from the s3:// working_dir (local/code_asset.py).
+    yield from serve_locally("disaggregated", port=8000, metrics_port=8085, code_from_asset=CONFIG_DIR / "dev.yaml")
+
+
+def test_serve_app_came_from_the_published_asset(server):
+    assert server.status["code"].startswith("s3://cdk-hnb659fds-assets-000000000000-us-east-2/")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +61,12 @@ def wait_for_counters(server, before, deployment, metric, source, at_least, time
         time.sleep(1)
 
 
-def test_ready_time_and_one_request_latency_are_recorded(server, client):
+def test_ready_means_a_completion_went_through_both_phases(server, client):
+    """The ready line comes after a chat completion went through prefill and decode (KV included);
+    a request sent right after it succeeds. /v1/models may answer earlier."""
+    assert server.status["ready"] is True
+    assert server.status["models_seconds"] <= server.status["ready_seconds"]
+    assert "a chat completion went through prefill and decode, KV over NIXL" in server.log_path.read_text()
     measured = measure_one_request(server, client, MODEL)
     report_measurement("disaggregated-ready-and-latency", measured)
     assert measured["prompt_tokens"] == 100 and measured["completion_tokens"] == 8
