@@ -14,6 +14,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from cdk_constructs.hf_token import HuggingFaceToken
 from cdk_constructs.kuberay_rules import validate_ray_service
 from cdk_constructs.policy import acknowledge
 from cdk_constructs.ray_service_manifest import owned_serve_service, ray_service, serve_service_name
@@ -83,6 +84,18 @@ class RayServiceApp(Construct):
             )
         )
         self._grant_model_access(config)
+        self.hf_token = None
+        if config.serving.model.hf_token_secret:
+            self.hf_token = HuggingFaceToken(
+                self,
+                "HfToken",
+                cluster=cluster,
+                namespace=rs.namespace,
+                secret=config.serving.model.hf_token_secret,
+                driver_version=config.charts.secrets_store_csi_driver,
+                provider_version=config.charts.secrets_store_csi_provider_aws,
+                namespace_manifest=self.namespace,
+            )
 
         self.serve_config_v2 = serve_config_yaml(config.serving, working_dir=self.code.s3_object_url)
         self.manifest_body = ray_service(
@@ -94,6 +107,9 @@ class RayServiceApp(Construct):
         self.manifest = cluster.add_manifest("RayService", self.manifest_body)
         self.manifest.node.add_dependency(operator)
         self.manifest.node.add_dependency(self.service_account)
+        if self.hf_token:
+            # Pods mount the token through the driver and the provider class from their first start.
+            self.manifest.node.add_dependency(self.hf_token)
         owned_service = owned_serve_service(config)
         self.serve_service = cluster.add_manifest("ServeService", owned_service) if owned_service else None
         if self.serve_service:
@@ -107,10 +123,12 @@ class RayServiceApp(Construct):
     def _grant_model_access(self, config: AppConfig) -> None:
         model = config.serving.model
         if model.hf_token_secret:
+            # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
+            # for this secret alone (GetSecretValue, DescribeSecret).
             if model.hf_token_secret.startswith("arn:"):
-                secret = secretsmanager.Secret.from_secret_complete_arn(self, "HfToken", model.hf_token_secret)
+                secret = secretsmanager.Secret.from_secret_complete_arn(self, "HfTokenSecret", model.hf_token_secret)
             else:
-                secret = secretsmanager.Secret.from_secret_name_v2(self, "HfToken", model.hf_token_secret)
+                secret = secretsmanager.Secret.from_secret_name_v2(self, "HfTokenSecret", model.hf_token_secret)
             secret.grant_read(self.service_account)
         if model.is_s3:
             bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")

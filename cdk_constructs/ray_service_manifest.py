@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cdk_constructs import hf_token
 from cdk_constructs.node_groups import EFA_TAINT_KEY, GPU_TAINT_KEY, PHASE_LABEL, ROLE_LABEL
 from config import catalog
 from config.schema import AppConfig
@@ -165,6 +166,15 @@ def owned_serve_service(config: AppConfig) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": service["spec"]}
 
 
+def mount_hf_token(group: dict[str, Any]) -> None:
+    """The gated model's token as a file in the group's pods, named by HF_TOKEN_PATH (no value in env)."""
+    pod = group["template"]["spec"]
+    pod.setdefault("volumes", []).append(hf_token.pod_volume())
+    container = pod["containers"][0]
+    container.setdefault("volumeMounts", []).append(hf_token.container_mount())
+    container.setdefault("env", []).append(hf_token.container_env())
+
+
 def ray_service(
     config: AppConfig, *, serve_config_v2: str, service_account: str
 ) -> dict[str, Any]:
@@ -190,6 +200,10 @@ def ray_service(
             ],
         },
     }
+    if config.serving.model.hf_token_secret:
+        cluster = spec["rayClusterConfig"]
+        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+            mount_hf_token(group)
     service = serve_service(config)
     if service:
         spec["serveService"] = service

@@ -425,6 +425,14 @@ class ChartVersions(StrictModel):
         ),
         default=versions.KUBERAY_OPERATOR.version,
     )
+    secrets_store_csi_driver: str = Field(
+        description="Chart version of the Secrets Store CSI driver (installed only for a gated model's token).",
+        default=versions.SECRETS_STORE_CSI_DRIVER.version,
+    )
+    secrets_store_csi_provider_aws: str = Field(
+        description="Chart version of AWS's Secrets Store CSI provider (installed only for a gated model's token).",
+        default=versions.SECRETS_STORE_CSI_PROVIDER_AWS.version,
+    )
     cluster_autoscaler: str = Field(
         description=(
             "Chart version of Cluster Autoscaler; the autoscaler release itself follows "
@@ -697,6 +705,18 @@ class AppConfig(StrictModel):
             if not 1 <= len(key) <= 128 or len(value) > 256:
                 raise ValueError(f"{key!r}: tag keys take 1-128 characters and values at most 256; shorten it")
         return tags
+
+    @model_validator(mode="after")
+    def _token_secret_in_region(self) -> AppConfig:
+        secret = self.serving.model.hf_token_secret
+        if secret and secret.startswith("arn:"):
+            region = secret.split(":")[3]
+            if region != self.aws.region:
+                raise ValueError(
+                    f"serving.model.hf_token_secret {secret} is in {region}; the pods read it in {self.aws.region}: "
+                    f"use a secret in {self.aws.region} (or a replica of it there)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _amp_scrape_interval(self) -> AppConfig:

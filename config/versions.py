@@ -96,6 +96,20 @@ CLUSTER_AUTOSCALER_RELEASES: dict[str, str] = {
 # installs a chart's crds/ once and never upgrades them).
 KUBERAY_CRDS_KUSTOMIZATION = "github.com/ray-project/kuberay/ray-operator/config/crd?ref=v{version}"
 
+# A gated model's Hugging Face token: the Secrets Store CSI driver and AWS's provider (ASCP), which
+# mounts Secrets Manager secrets with the pod's EKS Pod Identity role. Installed only when a config
+# names a token secret; the provider chart's own copy of the driver is switched off.
+SECRETS_STORE_CSI_DRIVER = HelmChartPin(
+    chart="secrets-store-csi-driver",
+    repository="https://kubernetes-sigs.github.io/secrets-store-csi-driver/charts",
+    version="1.6.0",
+)
+SECRETS_STORE_CSI_PROVIDER_AWS = HelmChartPin(
+    chart="secrets-store-csi-driver-provider-aws",
+    repository="https://aws.github.io/secrets-store-csi-driver-provider-aws",
+    version="3.1.1",
+)
+
 # Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),
 # which ships the controller's IAM policy for the versions it knows; newest known to 2.275.0.
 AWS_LOAD_BALANCER_CONTROLLER = "V3_2_2"

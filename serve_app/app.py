@@ -1,30 +1,16 @@
 """``serve_app.app:build_app`` is the import path of the Serve application.
 
 Ray Serve calls it with the ``args`` of the Serve config, which are a :class:`ServingSpec`.
+A gated model's token is not this function's business: it is mounted as a file in every Ray pod
+and named by ``HF_TOKEN_PATH`` (cdk_constructs/hf_token.py), so no secret is ever put in an
+environment that Ray would copy into task runtime_envs.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from serve_app.spec import ServingSpec
-
-
-def resolve_hf_token(spec: ServingSpec) -> None:
-    """Puts a gated model's Hugging Face token into this process's environment.
-
-    The token lives in AWS Secrets Manager and is read here, on the cluster, with the pod's
-    EKS Pod Identity credentials; Ray Serve LLM forwards ``HF_TOKEN`` to the engine replicas.
-    Nothing secret is ever part of the serve config or a CloudFormation template.
-    """
-    secret = spec.model.hf_token_secret
-    if not secret or os.environ.get("HF_TOKEN"):
-        return
-    import boto3
-
-    value = boto3.client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"]
-    os.environ["HF_TOKEN"] = value.strip()
 
 
 def build_app(args: dict[str, Any]):
@@ -32,6 +18,5 @@ def build_app(args: dict[str, Any]):
     from ray.serve import llm
 
     spec = ServingSpec.model_validate(args)
-    resolve_hf_token(spec)
     builder_name, builder_args = spec.builder_args()
     return getattr(llm, builder_name)(builder_args)

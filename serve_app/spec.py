@@ -32,6 +32,9 @@ MANAGED_ENGINE_KWARGS = {
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
+SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
+SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
 # Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
 DECODE_SIDE_CHANNEL_OFFSET = 2000
 
@@ -54,8 +57,9 @@ class ModelSpec(SpecModel):
     hf_token_secret: str | None = Field(
         default=None,
         description=(
-            "Name or ARN of an AWS Secrets Manager secret that holds a Hugging Face token, for "
-            "gated models. Only the name travels; the value is read at runtime on the cluster."
+            "Name or complete ARN of an AWS Secrets Manager secret (in the cluster's region) whose value "
+            "is a Hugging Face token, for gated models. Only the name travels: the Secrets Store CSI "
+            "driver mounts the value as a file in each Ray pod, read with the pods' own role."
         ),
     )
     gated: bool = Field(
@@ -70,6 +74,26 @@ class ModelSpec(SpecModel):
     @property
     def is_s3(self) -> bool:
         return self.source.startswith("s3://")
+
+    @field_validator("hf_token_secret")
+    @classmethod
+    def _secret_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if value.startswith("arn:"):
+            if not SECRET_ARN.match(value):
+                raise ValueError(
+                    f"hf_token_secret {value!r} is not a complete Secrets Manager ARN "
+                    "(arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>); copy it from "
+                    "`aws secretsmanager describe-secret --secret-id NAME --query ARN`, or give the name"
+                )
+            return value
+        if not 1 <= len(value) <= 512 or not SECRET_NAME.match(value):
+            raise ValueError(
+                f"hf_token_secret {value!r} is not a Secrets Manager secret name: use 1-512 characters, "
+                "letters, digits and /_+=.@- only"
+            )
+        return value
 
     @model_validator(mode="after")
     def _token_for_gated(self) -> ModelSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -140,3 +141,41 @@ def test_one_gpu_check_spec_builds_with_half_a_gpu_per_phase(local_ray):
     ]
     kv = deployments["Decode:tiny-llama"].init_kwargs["llm_config"].engine_kwargs["kv_transfer_config"]
     assert kv["kv_buffer_device"] == "cuda" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
+
+
+def test_a_gated_models_token_appears_nowhere_in_the_built_application(local_ray, tmp_path, monkeypatch):
+    """With the token mounted as a file (HF_TOKEN_PATH) and HF_TOKEN unset, neither the built
+    application nor the runtime_env Ray Serve LLM gives the tasks a replica starts carries it."""
+    import cloudpickle
+    from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
+
+    from serve_app.app import build_app
+
+    token = "hf_" + uuid_token()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    monkeypatch.setenv("HF_TOKEN_PATH", str(token_file))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    data = cluster_spec().model_dump(mode="json")
+    data["model"] = {"model_id": "llama-3.1-8b", "source": "meta-llama/Llama-3.1-8B-Instruct", "gated": True,
+                     "hf_token_secret": "pd-serving/hf-token"}
+    app = build_app(data)
+    assert token.encode() not in cloudpickle.dumps(app)
+    for name, deployment in graph(app).items():
+        assert token not in repr(deployment._replica_config.ray_actor_options), name
+        llm_config = deployment.init_kwargs.get("llm_config")
+        if llm_config is not None:
+            runtime_env = VLLMEngineConfig.from_llm_config(llm_config).get_runtime_env_with_local_env_vars()
+            assert token not in json.dumps(runtime_env), name
+    # What the build function used to do, for contrast: a token in the environment is copied into
+    # the runtime_env of every task a replica starts (and so into Ray's GCS and the dashboard).
+    monkeypatch.setenv("HF_TOKEN", token)
+    decode = graph(app)["Decode:llama-3_1-8b"].init_kwargs["llm_config"]
+    assert VLLMEngineConfig.from_llm_config(decode).get_runtime_env_with_local_env_vars()["env_vars"]["HF_TOKEN"] == token
+
+
+def uuid_token() -> str:
+    import uuid
+
+    return uuid.uuid4().hex + uuid.uuid4().hex[:2]

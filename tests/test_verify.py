@@ -319,3 +319,60 @@ def test_cli_reports_a_stuck_worker(tmp_path):
     shutil.copy(FIXTURES / "pods_worker_pending.json", broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json")
     done = verify_cli("--recorded", str(broken))
     assert "FAIL no worker Pending too long: pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s" in done.stdout
+
+
+def gated_recording(tmp_path, probe_answer: str) -> Path:
+    """The healthy recording with the pods of a gated model and what the token probe printed."""
+    from verify.kube import slug
+
+    recording = tmp_path / "gated"
+    shutil.copytree(HEALTHY, recording)
+    shutil.copy(FIXTURES / "pods_gated.json", recording / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json")
+    for pod in (PREFILL_POD, DECODE_POD):
+        args = ["exec", pod, "-n", "llm", "-c", checks.WORKER_CONTAINER, "--", "sh", "-c", checks.HF_TOKEN_PROBE]
+        (recording / f"{slug(args)}.txt").write_text(probe_answer + "\n")
+    return recording
+
+
+def gated_config(tmp_path) -> Path:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "config" / "dev.yaml").read_text())
+    data["serving"]["model"] = {"model_id": "llama-3.1-8b", "source": "meta-llama/Llama-3.1-8B-Instruct",
+                                "gated": True, "hf_token_secret": "pd-serving/hf-token"}
+    path = tmp_path / "gated.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_gated_model_token_mounted_in_every_worker_passes_without_printing_it(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "verify", "--config", str(gated_config(tmp_path)), "--recorded", str(gated_recording(tmp_path, "present"))],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    line = next(x for x in done.stdout.splitlines() if "Hugging Face token mounted" in x)
+    assert line.startswith("PASS Hugging Face token mounted:")
+    assert f"{PREFILL_POD}: /var/run/secrets/huggingface/token present, not empty" in line
+    # The probe prints one word; nothing from the file can reach the output.
+    assert "cat " not in checks.HF_TOKEN_PROBE and "echo present" in checks.HF_TOKEN_PROBE
+
+
+@pytest.mark.parametrize("answer", ["empty", "missing"])
+def test_gated_model_token_empty_or_missing_fails(tmp_path, answer):
+    kube = RecordedKube(gated_recording(tmp_path, answer))
+    gated_pods = kube.get_json(["get", "pods", "-n", "llm", "-l", checks.RAY_PODS_SELECTOR])
+    probes = {pod: answer for pod in (PREFILL_POD, DECODE_POD)}
+    result = checks.hf_token_mounted(gated_pods, probes)
+    assert not result.passed
+    assert f"{DECODE_POD}: /var/run/secrets/huggingface/token {answer}" in result.evidence
+
+
+def test_worker_without_the_token_volume_fails():
+    result = checks.hf_token_mounted(pods(), {PREFILL_POD: "present", DECODE_POD: "present"})
+    assert not result.passed and "no secrets-store.csi.k8s.io volume or no HF_TOKEN_PATH" in result.evidence
+
+
+def test_token_constants_match_the_construct():
+    from cdk_constructs import hf_token
+
+    assert checks.HF_TOKEN_DRIVER == hf_token.CSI_DRIVER

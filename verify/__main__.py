@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             endpoint=endpoint,
             gpu_groups={phase: (g.min_size, g.max_size) for phase, g in (("prefill", groups.prefill), ("decode", groups.decode))},
             pending_limit_seconds=replica_seconds(config),
+            gated=bool(config.serving.model.hf_token_secret),
         )
     except KubeError as exc:
         print(f"FAIL cluster: {exc}", file=sys.stderr)

@@ -59,6 +59,11 @@ READY, PLACED, EFA, NIXL, CHAT, KV = (
     "KV transferred, no recompute",
 )
 AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pending too long")
+HF_TOKEN = "Hugging Face token mounted"
+# Kept equal to cdk_constructs.hf_token (a test compares them). The script prints one word, never
+# the token: whether the file HF_TOKEN_PATH names exists and is not empty.
+HF_TOKEN_DRIVER = "secrets-store.csi.k8s.io"
+HF_TOKEN_PROBE = 'if [ -s "$HF_TOKEN_PATH" ]; then echo present; elif [ -e "$HF_TOKEN_PATH" ]; then echo empty; else echo missing; fi'
 # The chart is installed with fullnameOverride=cluster-autoscaler; its status ConfigMap has the
 # autoscaler's default name (--status-config-map-name).
 AUTOSCALER_NAMESPACE = "kube-system"
@@ -225,6 +230,30 @@ def no_worker_pending_too_long(pods: dict, now: datetime, limit_seconds: float) 
         else:
             facts.append(f"{line} (within {limit_seconds:.0f} s)")
     return _result(PENDING, problems, facts or [f"no worker pod Pending (limit {limit_seconds:.0f} s)"])
+
+
+def hf_token_mounted(pods: dict, probes: Mapping[str, str], cluster: str | None = None) -> CheckResult:
+    """Each running GPU worker mounts the token through the CSI driver and the file is not empty.
+
+    ``probes`` holds what :data:`HF_TOKEN_PROBE` printed in each pod: present, empty or missing."""
+    problems, facts = [], []
+    for name, pod in sorted(worker_pods(pods, cluster).items()):
+        if not _running(pod):
+            continue
+        spec = pod.get("spec") or {}
+        volumes = [v for v in spec.get("volumes") or [] if (v.get("csi") or {}).get("driver") == HF_TOKEN_DRIVER]
+        env = {e.get("name"): e.get("value") for c in spec.get("containers") or [] for e in c.get("env") or []}
+        if not volumes or "HF_TOKEN_PATH" not in env:
+            problems.append(f"{name}: no {HF_TOKEN_DRIVER} volume or no HF_TOKEN_PATH")
+            continue
+        if "HF_TOKEN" in env or "HUGGING_FACE_HUB_TOKEN" in env:
+            problems.append(f"{name}: a token variable is set in the pod's environment")
+        state = probes.get(name, "not probed").strip()
+        if state == "present":
+            facts.append(f"{name}: {env['HF_TOKEN_PATH']} present, not empty")
+        else:
+            problems.append(f"{name}: {env['HF_TOKEN_PATH']} {state} (is the secret's value set? see the pod's events)")
+    return _result(HF_TOKEN, problems, facts or ["no running GPU worker"])
 
 
 def _quantity(container: dict, resource: str) -> int:
@@ -424,6 +453,7 @@ def run_all(
     endpoint: Callable[[dict[str, str]], list[CheckResult]],
     gpu_groups: Mapping[str, tuple[int, int]],
     pending_limit_seconds: float,
+    gated: bool = False,
 ) -> list[CheckResult]:
     """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
 
@@ -444,8 +474,18 @@ def run_all(
     status = autoscaler_status(kube.get_json(["get", "configmap", AUTOSCALER_STATUS, "-n", AUTOSCALER_NAMESPACE]))
     # The autoscaler's own clock (its last status write) dates a recording consistently.
     now = _status_time(status.get("time", "")) or datetime.now(timezone.utc)
+    token = []
+    if gated:
+        probes = {}
+        for pod in sorted(running):
+            try:
+                probes[pod] = kube.text(["exec", pod, "-n", namespace, "-c", WORKER_CONTAINER, "--", "sh", "-c", HF_TOKEN_PROBE])
+            except KubeError as exc:
+                probes[pod] = f"not readable ({exc})"
+        token = [hf_token_mounted(pods, probes, cluster)]
     return [
         ready,
+        *token,
         autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
         no_worker_pending_too_long(pods, now, pending_limit_seconds),
         replicas_on_their_node_groups(pods, nodes, cluster),

@@ -1,0 +1,124 @@
+"""A gated model's Hugging Face token, from AWS Secrets Manager to every Ray pod by reference.
+
+The Secrets Store CSI driver with AWS's provider (ASCP) mounts the secret as a file in each Ray
+pod, read with the pod's own EKS Pod Identity role, and ``HF_TOKEN_PATH`` points
+``huggingface_hub`` at it. The value is in no template, Serve config, runtime_env or environment
+variable: Ray Serve LLM copies ``HF_TOKEN``/``HUGGING_FACE_HUB_TOKEN`` from a replica's
+environment into the runtime_env of the tasks it starts (GCS, dashboard), but not a file path.
+A pod started after a rotation mounts the new value; running pods see it within the driver's
+rotation poll interval. The driver and the provider need Kubernetes RBAC only (their charts
+install it); AWS access is the mounting pod's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from aws_cdk import Stack
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from cdk_constructs.addons import HelmAddon
+from config.versions import SECRETS_STORE_CSI_DRIVER, SECRETS_STORE_CSI_PROVIDER_AWS
+
+NAMESPACE = "kube-system"
+PROVIDER_CLASS = "hf-token"
+VOLUME = "hf-token"
+MOUNT_PATH = "/var/run/secrets/huggingface"
+FILE_NAME = "token"
+TOKEN_PATH = f"{MOUNT_PATH}/{FILE_NAME}"
+CSI_DRIVER = "secrets-store.csi.k8s.io"
+ROTATION_POLL_INTERVAL = "3600s"
+# Every node that runs Ray pods: the system nodes (head) and the tainted GPU nodes (workers).
+EVERYWHERE = [{"operator": "Exists"}]
+
+
+def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
+    """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
+    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
+    return {
+        "apiVersion": "secrets-store.csi.x-k8s.io/v1",
+        "kind": "SecretProviderClass",
+        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
+        "spec": {
+            "provider": "aws",
+            "parameters": {"objects": yaml.safe_dump(objects, sort_keys=False), "usePodIdentity": "true", "region": region},
+        },
+    }
+
+
+def pod_volume() -> dict[str, Any]:
+    return {
+        "name": VOLUME,
+        "csi": {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS}},
+    }
+
+
+def container_mount() -> dict[str, Any]:
+    return {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}
+
+
+def container_env() -> dict[str, str]:
+    return {"name": "HF_TOKEN_PATH", "value": TOKEN_PATH}
+
+
+def driver_values() -> dict[str, Any]:
+    return {
+        "linux": {"tolerations": EVERYWHERE},
+        # Pod Identity: the provider exchanges a token of this audience for the pod's role.
+        "tokenRequests": [{"audience": "sts.amazonaws.com"}, {"audience": "pods.eks.amazonaws.com"}],
+        "enableSecretRotation": True,
+        "rotationPollInterval": ROTATION_POLL_INTERVAL,
+    }
+
+
+def provider_values(region: str) -> dict[str, Any]:
+    return {
+        # The driver is installed (and pinned) on its own.
+        "secrets-store-csi-driver": {"install": False},
+        # Its default tolerates nothing: on the tainted GPU nodes the mount would fail.
+        "tolerations": EVERYWHERE,
+        "awsRegion": region,
+    }
+
+
+class HuggingFaceToken(Construct):
+    """The CSI driver, AWS's provider and the SecretProviderClass of the configured token secret.
+
+    Args:
+        cluster: the EKS cluster.
+        namespace: the RayService's namespace (the SecretProviderClass lives beside its pods).
+        secret: the configured secret's name or ARN (``serving.model.hf_token_secret``).
+        driver_version: chart version of the Secrets Store CSI driver.
+        provider_version: chart version of AWS's provider.
+        namespace_manifest: the namespace's manifest, which must exist first.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        namespace: str,
+        secret: str,
+        driver_version: str,
+        provider_version: str,
+        namespace_manifest: Construct,
+    ) -> None:
+        super().__init__(scope, id_)
+        region = Stack.of(self).region
+        self.driver = HelmAddon(
+            self, "Driver", cluster=cluster, pin=SECRETS_STORE_CSI_DRIVER, version=driver_version,
+            namespace=NAMESPACE, release="secrets-store-csi-driver", values=driver_values(),
+        )
+        self.provider = HelmAddon(
+            self, "Provider", cluster=cluster, pin=SECRETS_STORE_CSI_PROVIDER_AWS, version=provider_version,
+            namespace=NAMESPACE, release="secrets-store-csi-driver-provider-aws", values=provider_values(region),
+        )
+        self.provider.node.add_dependency(self.driver)
+        self.manifest_body = secret_provider_class(namespace=namespace, secret=secret, region=region)
+        self.provider_class = cluster.add_manifest("SecretProviderClass", self.manifest_body)
+        # The SecretProviderClass kind comes with the driver's CRDs.
+        self.provider_class.node.add_dependency(self.driver, namespace_manifest)
