@@ -562,3 +562,33 @@ def ray_start_resources(group: dict) -> dict[str, Any]:
         "memory": int(params["memory"]) if "memory" in params else None,
         "resources": json.loads(resources_text) if resources_text else {},
     }
+
+
+# --- rayservice_controller.go / util.go: when a RayService gets a new RayCluster -------------------
+
+
+def cluster_spec_hash(ray_cluster_config: dict) -> str:
+    """``GenerateHashWithoutReplicasAndWorkersToDelete`` (``utils/util.go``) on ``rayClusterSpecForHashing``
+    (``rayservice_controller.go``): the cluster spec without what KubeRay leaves out (worker replicas,
+    min/max replicas, workers to delete, tolerations and scheduling gates of every pod template, the
+    cluster's upgradeStrategy, suspend). A different hash makes a NewCluster upgrade; RayService
+    annotations and serveConfigV2 are not part of it. (KubeRay hashes Go's JSON of the typed struct;
+    equal and different specs hash alike here, which is what the comparison needs.)"""
+    import copy
+    import hashlib
+    import json
+
+    spec = copy.deepcopy(ray_cluster_config)
+    spec.pop("suspend", None)
+    spec.pop("upgradeStrategy", None)
+    head_pod = spec.get("headGroupSpec", {}).get("template", {}).get("spec", {})
+    head_pod.pop("tolerations", None)
+    head_pod.pop("schedulingGates", None)
+    for group in spec.get("workerGroupSpecs") or []:
+        for key in ("replicas", "minReplicas", "maxReplicas"):
+            group.pop(key, None)
+        group.get("scaleStrategy", {}).pop("workersToDelete", None)
+        pod = group.get("template", {}).get("spec", {})
+        pod.pop("tolerations", None)
+        pod.pop("schedulingGates", None)
+    return hashlib.sha1(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -75,7 +75,7 @@ class RayServiceApp(Construct):
         self.service_account.node.add_dependency(self.namespace)
 
         # A content hash names the object, so any change to serve_app rolls out on the next deploy.
-        self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app()))
+        self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app(SERVE_APP_DIR)))
         # Read this one object, not the whole (shared) CDK assets bucket.
         self.service_account.add_to_principal_policy(
             iam.PolicyStatement(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from cdk_constructs import hf_token
@@ -14,6 +15,11 @@ from serve_app.spec import PHASE_RESOURCE, PHASES
 NIXL_SIDE_CHANNEL_PORT_BASE = {"prefill": 20000, "decode": 22000}
 METRICS_PORT = 8080
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# With rollout: new_cluster, a hash of the Serve config (serve_app's asset URI, named by its content
+# hash, and the serving spec) on every pod template: KubeRay hashes pod-template annotations into
+# the cluster spec (not RayService annotations, not serveConfigV2), so a change of either starts a
+# NewCluster upgrade.
+SERVING_REVISION = "pd-serving/serving-revision"
 # Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
 NODE_RESERVED_CPUS = 4
 NODE_MEMORY_SHARE = 0.8
@@ -175,6 +181,15 @@ def mount_hf_token(group: dict[str, Any]) -> None:
     container.setdefault("env", []).append(hf_token.container_env())
 
 
+def serving_revision(serve_config_v2: str) -> str:
+    return hashlib.sha256(serve_config_v2.encode()).hexdigest()[:16]
+
+
+def annotate_revision(group: dict[str, Any], revision: str) -> None:
+    metadata = group["template"].setdefault("metadata", {})
+    metadata.setdefault("annotations", {})[SERVING_REVISION] = revision
+
+
 def ray_service(
     config: AppConfig, *, serve_config_v2: str, service_account: str
 ) -> dict[str, Any]:
@@ -185,8 +200,9 @@ def ray_service(
         "serveConfigV2": serve_config_v2,
         # A change to the cluster spec brings up a new RayCluster and moves traffic once its
         # Serve app is healthy; the old one keeps serving in-flight requests for the delay.
+        # (NewClusterWithIncrementalUpgrade would need the Gateway API and ignores serveService.)
         "upgradeStrategy": {"type": "NewCluster"},
-        "rayClusterDeletionDelaySeconds": 120,
+        "rayClusterDeletionDelaySeconds": rs.cluster_deletion_delay_seconds,
         "rayClusterConfig": {
             "rayVersion": rs.ray_version,
             "enableInTreeAutoscaling": True,
@@ -200,10 +216,12 @@ def ray_service(
             ],
         },
     }
-    if config.serving.model.hf_token_secret:
-        cluster = spec["rayClusterConfig"]
-        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+    groups = [spec["rayClusterConfig"]["headGroupSpec"], *spec["rayClusterConfig"]["workerGroupSpecs"]]
+    for group in groups:
+        if config.serving.model.hf_token_secret:
             mount_hf_token(group)
+        if rs.rollout == "new_cluster":
+            annotate_revision(group, serving_revision(serve_config_v2))
     service = serve_service(config)
     if service:
         spec["serveService"] = service

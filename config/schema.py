@@ -497,6 +497,27 @@ class RayServiceConfig(StrictModel):
         default=versions.SERVING_IMAGE_RAY_VERSION,
         description="The Ray version inside the image (KubeRay's rayVersion must equal it).",
     )
+    rollout: Literal["in_place", "new_cluster"] = Field(
+        default="new_cluster",
+        description=(
+            "How a change of serve_app's code or of the serving spec rolls out. in_place: Ray Serve "
+            "replaces the replicas of the running cluster; Ray 2.58 stops old replicas before it starts "
+            "new ones, so a phase with one replica is offline for a model load (minutes on a GPU). "
+            "new_cluster: the change also changes the RayCluster spec (an annotation with a hash of the "
+            "Serve config), so KubeRay's NewCluster upgrade builds a second cluster, moves traffic once its "
+            "app is healthy and deletes the old one after rayClusterDeletionDelaySeconds; no phase is ever "
+            "without a ready replica, at the price of a second set of nodes during the rollout."
+        ),
+    )
+    cluster_deletion_delay_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        description=(
+            "After a NewCluster switch, how long the old RayCluster lives on to finish the requests it already "
+            "has (KubeRay's rayClusterDeletionDelaySeconds); keep it above your longest request."
+        ),
+    )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod size.")
     endpoint: EndpointExposure = Field(
         default_factory=EndpointExposure, description="How clients reach the endpoint."
@@ -705,6 +726,18 @@ class AppConfig(StrictModel):
             if not 1 <= len(key) <= 128 or len(value) > 256:
                 raise ValueError(f"{key!r}: tag keys take 1-128 characters and values at most 256; shorten it")
         return tags
+
+    @model_validator(mode="after")
+    def _surge_needs_ray_2_60(self) -> AppConfig:
+        ray_version = tuple(int(p) for p in re.findall(r"\d+", self.ray_service.ray_version)[:2])
+        for phase in ("prefill", "decode", "colocated"):
+            if self.serving.phase(phase).max_surge_percent is not None and ray_version < (2, 60):
+                raise ValueError(
+                    f"serving.{phase}.max_surge_percent needs Ray 2.60 or newer (Serve starts replacements before it "
+                    f"stops old replicas from 2.60 on; 2.58 silently ignores the key), but ray_service.ray_version is "
+                    f"{self.ray_service.ray_version}: remove it, or use an image with Ray 2.60+ and set ray_version"
+                )
+        return self
 
     @model_validator(mode="after")
     def _token_secret_in_region(self) -> AppConfig:

@@ -440,6 +440,8 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
             "ready_seconds": round(ready_seconds, 1),
             "models_seconds": round(models_seconds, 1),
             "code": code_url or "this checkout",
+            # Where the code asset lives (loopback S3), so that tools can publish a changed one.
+            "code_endpoint": os.environ.get("AWS_ENDPOINT_URL") if code_url else None,
             "replicas": replica_map(),
         })
         time.sleep(2)

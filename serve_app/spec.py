@@ -175,6 +175,16 @@ class PhaseSpec(SpecModel):
         default_factory=dict,
         description="Extra vLLM engine arguments for this phase (e.g. enforce_eager, max_num_seqs).",
     )
+    max_surge_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Ray Serve's max_surge_percent (Ray 2.60+): during an in-place rollout, start this share of "
+            "extra replicas before stopping old ones, so the phase keeps serving (needs room for them). "
+            "Ray 2.58 does not know it and ignores it silently, so synth refuses it with an older image."
+        ),
+    )
 
     @model_validator(mode="after")
     def _replicas(self) -> PhaseSpec:
@@ -336,6 +346,7 @@ class ServingSpec(SpecModel):
                 # The replica's own CPU would be merged into the first bundle; the bundles above
                 # already reserve what the engine needs.
                 "ray_actor_options": {"num_cpus": 0},
+                **({"max_surge_percent": spec.max_surge_percent} if spec.max_surge_percent is not None else {}),
             },
             "log_engine_metrics": True,
         }

@@ -22,7 +22,7 @@ from local.metrics import (
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
-from tests.conftest import CONFIG_DIR, measure_one_request, openai_client, report_measurement, serve_locally
+from tests.conftest import CONFIG_DIR, ROOT, measure_one_request, openai_client, report_measurement, serve_locally
 
 MODEL = "tiny-llama"
 
@@ -363,3 +363,77 @@ def test_verify_checks_pass_against_the_live_local_server(server):
     assert chat.passed, chat.evidence
     assert kv.passed, kv.evidence
     assert "local_compute +0" in kv.evidence
+
+
+ROLLOUT_SCRIPT = """
+import json, sys, ray
+from ray.serve._private import api as serve_api
+from ray.serve.schema import ServeDeploySchema
+from local.server import DEFAULT_SPEC, local_spec
+from serve_app.serve_config import serve_config
+port, working_dir = int(sys.argv[1]), sys.argv[2]
+ray.init(address="auto", namespace="serve", logging_level="ERROR")
+config = serve_config(local_spec(DEFAULT_SPEC, "disaggregated"), working_dir=working_dir)
+config["http_options"].update(host="127.0.0.1", port=port)
+serve_api.serve_start(http_options=config["http_options"]).deploy_apps(ServeDeploySchema.model_validate(config))
+print("submitted")
+"""
+
+
+def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
+    """serve_app's code changes (a new asset URI, as `make deploy` makes it) and Serve rolls the app
+    in place under load. The count is the in-place downtime the README reports; no assertion on it."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import boto3
+
+    old = server.status["code"]
+    bucket, _, key = old.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3", endpoint_url=server.status["code_endpoint"], region_name="us-east-2",
+                      aws_access_key_id="local", aws_secret_access_key="local")
+    new_key = "changed-" + key
+    s3.copy_object(Bucket=bucket, Key=new_key, CopySource={"Bucket": bucket, "Key": key})
+    replicas_before = set(server.replicas())
+
+    seconds = 150
+    outcome: dict = {}
+    loader = threading.Thread(
+        target=lambda: outcome.setdefault("records", run_load(server.base_url, clients=4, seconds=seconds)), daemon=True
+    )
+    loader.start()
+    time.sleep(10)
+    rolled_at = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", ROLLOUT_SCRIPT, str(server.port), f"s3://{bucket}/{new_key}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "AWS_ENDPOINT_URL": server.status["code_endpoint"], "AWS_ACCESS_KEY_ID": "local",
+             "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-2"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    loader.join(seconds + REQUEST_TIMEOUT_S + 60)
+    records = outcome["records"]
+    failed = [r for r in records if r["outcome"] != "ok"]
+    window = (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at) if failed else None
+    report_measurement(
+        "in-place-rollout",
+        {**summary(records, seconds), "errors": sorted({r["outcome"] for r in failed}),
+         "failing_from_s_after_rollout": round(window[0], 1) if window else None,
+         "failing_until_s_after_rollout": round(window[1], 1) if window else None},
+    )
+    # The rollout happened (every engine replica was replaced), and the app serves again with KV transferred.
+    def engines() -> set[str]:
+        return {r for r, d in server.replicas().items() if d.startswith(("Prefill", "Decode"))}
+
+    deadline = time.monotonic() + 300
+    while engines() & replicas_before and time.monotonic() < deadline:
+        time.sleep(2)
+    assert engines() and not engines() & replicas_before
+    client = openai_client(server)
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("after-rollout", 90), max_tokens=4)
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
+                              response.usage.prompt_tokens)
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == response.usage.prompt_tokens

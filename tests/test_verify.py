@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 import shutil
 import subprocess
 import sys
@@ -230,6 +231,7 @@ def test_cli_on_a_healthy_recording_passes_every_check():
     assert done.returncode == 0, done.stdout + done.stderr
     assert [line.split(":")[0] for line in lines[:-1]] == [
         "PASS RayService ready",
+        "PASS rollout state",
         "PASS Cluster Autoscaler sees both GPU groups",
         "PASS no worker Pending too long",
         "PASS replicas on their node groups",
@@ -238,7 +240,7 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS chat completion",
         "PASS KV transferred, no recompute",
     ]
-    assert lines[-1] == "8/8 checks passed"
+    assert lines[-1] == "9/9 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -256,7 +258,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
-    assert out.splitlines()[-1] == "4/8 checks passed"
+    assert out.splitlines()[-1] == "5/9 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -376,3 +378,31 @@ def test_token_constants_match_the_construct():
     from cdk_constructs import hf_token
 
     assert checks.HF_TOKEN_DRIVER == hf_token.CSI_DRIVER
+
+
+def rayclusters() -> dict:
+    return KUBE.get_json(["get", "rayclusters", "-n", "llm"])
+
+
+STATUS_TIME = datetime(2026, 11, 30, 17, 59, 58, tzinfo=timezone.utc)
+
+
+def test_rollout_state_names_the_serving_cluster_and_no_other():
+    result = checks.rollout_state(rayservice(), rayclusters(), STATUS_TIME, 120)
+    assert result.passed, result.evidence
+    assert result.evidence == "serving pd-llm-xk2vd; no other RayCluster"
+
+
+def test_rollout_under_way_reports_how_far_the_new_cluster_got():
+    result = checks.rollout_state(load("rayservice_upgrading.json"), load("rayclusters_upgrading.json"), STATUS_TIME, 120)
+    assert result.passed, result.evidence
+    assert "serving pd-llm-xk2vd" in result.evidence
+    assert "new cluster pd-llm-q8t4m coming up: 1/2 workers ready, state not ready; Serve app llm DEPLOYING" in result.evidence
+
+
+def test_an_old_cluster_that_outlives_the_deletion_delay_fails():
+    result = checks.rollout_state(rayservice(), load("rayclusters_old_left.json"), STATUS_TIME, 120)
+    assert not result.passed
+    assert "old cluster pd-llm-b7n2c still exists 4798 s after pd-llm-xk2vd became ready" in result.evidence
+    fresh = checks.rollout_state(rayservice(), load("rayclusters_old_left.json"), datetime(2026, 11, 30, 16, 41, tzinfo=timezone.utc), 120)
+    assert fresh.passed and "old cluster pd-llm-b7n2c lingers for in-flight requests" in fresh.evidence

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_groups={phase: (g.min_size, g.max_size) for phase, g in (("prefill", groups.prefill), ("decode", groups.decode))},
             pending_limit_seconds=replica_seconds(config),
             gated=bool(config.serving.model.hf_token_secret),
+            deletion_delay_seconds=rs.cluster_deletion_delay_seconds,
         )
     except KubeError as exc:
         print(f"FAIL cluster: {exc}", file=sys.stderr)

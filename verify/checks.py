@@ -60,6 +60,7 @@ READY, PLACED, EFA, NIXL, CHAT, KV = (
 )
 AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pending too long")
 HF_TOKEN = "Hugging Face token mounted"
+ROLLOUT = "rollout state"
 # Kept equal to cdk_constructs.hf_token (a test compares them). The script prints one word, never
 # the token: whether the file HF_TOKEN_PATH names exists and is not empty.
 HF_TOKEN_DRIVER = "secrets-store.csi.k8s.io"
@@ -230,6 +231,54 @@ def no_worker_pending_too_long(pods: dict, now: datetime, limit_seconds: float) 
         else:
             facts.append(f"{line} (within {limit_seconds:.0f} s)")
     return _result(PENDING, problems, facts or [f"no worker pod Pending (limit {limit_seconds:.0f} s)"])
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def rollout_state(rayservice: dict, rayclusters: dict, now: datetime, deletion_delay_seconds: int) -> CheckResult:
+    """Which RayCluster serves, whether a NewCluster upgrade is under way and how far it got, and
+    that an old cluster goes once KubeRay's deletion delay after the switch is over."""
+    name = rayservice["metadata"]["name"]
+    status = rayservice.get("status") or {}
+    active = (status.get("activeServiceStatus") or {}).get("rayClusterName")
+    pending_status = status.get("pendingServiceStatus") or {}
+    pending = pending_status.get("rayClusterName")
+    owned = {
+        c["metadata"]["name"]: c for c in rayclusters.get("items") or []
+        if any(o.get("kind") == "RayService" and o.get("name") == name for o in c["metadata"].get("ownerReferences") or [])
+    }
+    problems, facts = [], []
+    if not active or active not in owned:
+        problems.append(f"no serving RayCluster (active: {active or 'none'}; clusters: {', '.join(owned) or 'none'})")
+    else:
+        facts.append(f"serving {active}")
+    if pending:
+        cluster = owned.get(pending, {})
+        cs = cluster.get("status") or {}
+        apps = pending_status.get("applicationStatuses") or {}
+        app = ", ".join(f"{a} {v.get('status')}" for a, v in sorted(apps.items())) or "not deployed yet"
+        facts.append(
+            f"new cluster {pending} coming up: {cs.get('readyWorkerReplicas', 0)}/{cs.get('desiredWorkerReplicas', '?')} "
+            f"workers ready, state {cs.get('state') or 'not ready'}; Serve app {app}"
+        )
+    ready_since = _time(((owned.get(active) or {}).get("status") or {}).get("stateTransitionTimes", {}).get("ready"))
+    for other, cluster in sorted(owned.items()):
+        if other in (active, pending):
+            continue
+        if cluster["metadata"].get("deletionTimestamp"):
+            facts.append(f"old cluster {other} being deleted")
+        elif ready_since and (now - ready_since).total_seconds() > deletion_delay_seconds + 60:
+            problems.append(
+                f"old cluster {other} still exists {int((now - ready_since).total_seconds())} s after {active} became "
+                f"ready, longer than rayClusterDeletionDelaySeconds ({deletion_delay_seconds}); see the KubeRay operator's log"
+            )
+        else:
+            facts.append(f"old cluster {other} lingers for in-flight requests (deleted {deletion_delay_seconds} s after the switch)")
+    if active and not pending and set(owned) == {active}:
+        facts.append("no other RayCluster")
+    return _result(ROLLOUT, problems, facts)
 
 
 def hf_token_mounted(pods: dict, probes: Mapping[str, str], cluster: str | None = None) -> CheckResult:
@@ -454,12 +503,15 @@ def run_all(
     gpu_groups: Mapping[str, tuple[int, int]],
     pending_limit_seconds: float,
     gated: bool = False,
+    deletion_delay_seconds: int = 120,
 ) -> list[CheckResult]:
     """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
 
     ``gpu_groups`` is the configured (min, max) of each phase's node group; a worker pod may wait
-    ``pending_limit_seconds`` (the planner's time to a new replica) for a node."""
-    ready = rayservice_ready(kube.get_json(["get", "rayservice", name, "-n", namespace]), app_name)
+    ``pending_limit_seconds`` (the planner's time to a new replica) for a node; ``gated`` adds the
+    token check; an old RayCluster may outlive the switch by ``deletion_delay_seconds``."""
+    rayservice = kube.get_json(["get", "rayservice", name, "-n", namespace])
+    ready = rayservice_ready(rayservice, app_name)
     cluster = ready.data.get("cluster")
     pods = kube.get_json(["get", "pods", "-n", namespace, "-l", RAY_PODS_SELECTOR])
     nodes = kube.get_json(["get", "nodes"])
@@ -483,8 +535,10 @@ def run_all(
             except KubeError as exc:
                 probes[pod] = f"not readable ({exc})"
         token = [hf_token_mounted(pods, probes, cluster)]
+    rollout = rollout_state(rayservice, kube.get_json(["get", "rayclusters", "-n", namespace]), now, deletion_delay_seconds)
     return [
         ready,
+        rollout,
         *token,
         autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
         no_worker_pending_too_long(pods, now, pending_limit_seconds),
