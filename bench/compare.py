@@ -5,6 +5,11 @@
 
 Ratios are disaggregated / colocated from one run, so below 1 means disaggregation is lower
 (better) for latencies, and above 1 means it is higher (better) for throughput and goodput.
+
+Each endpoint also gets the TTFT probe of ``bench/ttft.py``: streamed completions at short,
+medium and long prompts, each with a unique prefix, sequentially. The report gives P/D minus
+colocated TTFT (p50, p90) per size and, for the local servers (whose metrics it reads), where
+P/D's first token spends its time.
 """
 
 from __future__ import annotations
@@ -57,14 +62,45 @@ def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = None, **kwargs) -> list[Row]:
+def probe_ttft(url: str, model: str, tokenizer: str, **metrics):
+    """The TTFT probe; byte-level prompts for the tiny model, the model's tokenizer otherwise."""
+    from bench.ttft import measure
+
+    tok = None
+    if model != "tiny-llama":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    return measure(url, model, tokenizer=tok, **metrics)
+
+
+def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = None, **kwargs):
+    """The workload and the TTFT probe against a local server started for them."""
     from local.harness import LocalServer
 
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
-        return run_workload(url=server.base_url, **kwargs)
+        rows = run_workload(url=server.base_url, **kwargs)
+        ttft = probe_ttft(server.base_url, kwargs["model"], kwargs["tokenizer"],
+                          metrics_url=server.status["metrics_url"], replicas=server.replicas)
+        return rows, ttft
     finally:
         server.stop()
+
+
+def ttft_sections(pd, colocated) -> str:
+    """TTFT per size and mode, P/D minus colocated, and where P/D's first token goes (local only)."""
+    from bench.ttft import ttft_table, where_it_goes, where_table
+
+    (pd_results, pd_where), (co_results, co_where) = pd, colocated
+    out = "\n## Time to first token (unique prompts, one at a time)\n\n" + ttft_table(
+        {"disaggregated": pd_results, "colocated": co_results}
+    ) + "\n"
+    if pd_where:
+        out += "\n### Where P/D's first token goes (engines' and Serve's histograms; approximate)\n\n"
+        out += where_table(where_it_goes(pd_results, pd_where, "disaggregated")) + "\n"
+        out += "\n### Colocated, for comparison\n\n" + where_table(where_it_goes(co_results, co_where, "colocated")) + "\n"
+    return out
 
 
 def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
@@ -73,18 +109,21 @@ def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
     workload = workload_named(workload_name)
     common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
     if local:
-        pd_rows = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
-        colocated_rows = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
+        pd_rows, pd_ttft = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
+        colocated_rows, co_ttft = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
     else:
         pd_rows = run_workload(url=pd_url, label="disaggregated", **common)
+        pd_ttft = probe_ttft(pd_url, model, tokenizer)
         colocated_rows = run_workload(url=colocated_url, label="colocated", **common)
+        co_ttft = probe_ttft(colocated_url, model, tokenizer)
     ratios = ratio_table(pd_rows, colocated_rows)
+    ttft = ttft_sections(pd_ttft, co_ttft)
     plot(pd_rows + colocated_rows, out_dir / f"{workload.name}-compare.png", f"{workload.name}: P/D vs colocated")
     write_report(
         pd_rows + colocated_rows, out_dir, workload,
-        extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n",
+        extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n{ttft}",
     )
-    return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}"
+    return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
 
 def main(argv: list[str] | None = None) -> int:

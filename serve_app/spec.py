@@ -139,6 +139,19 @@ class KvTransferSpec(SpecModel):
             "127.0.0.1 on a laptop."
         ),
     )
+    # Read by vLLM 0.26.0 (the cluster image's) and 0.32.0 alike: kv_connector/v1/nixl/base_worker.py
+    # passes get_from_extra_config("num_threads", 4) to nixl_agent_config only when no backend but
+    # UCX is configured (0.26.0: lines 324-341).
+    nixl_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "NIXL's worker threads per engine (kv_connector_extra_config.num_threads). vLLM applies it only "
+            "when every NIXL backend is UCX (its default there is 4), so it matters for the local run and "
+            "not for LIBFABRIC on the cluster. On a small CPU, fewer threads compete less with the engines."
+        ),
+    )
     side_channel_port_base: int = Field(
         default=20000,
         ge=1024,
@@ -174,6 +187,13 @@ class PhaseSpec(SpecModel):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra vLLM engine arguments for this phase (e.g. enforce_eager, max_num_seqs).",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Environment variables for this phase's engine replicas only, over the spec's env_vars (e.g. "
+            "VLLM_CPU_OMP_THREADS_BIND, which must differ per phase on a CPU). Never secrets."
+        ),
     )
     max_surge_percent: int | None = Field(
         default=None,
@@ -247,6 +267,26 @@ class ServingSpec(SpecModel):
         description="Send a dummy request through every prefill replica at start-up so the NIXL "
         "handshake is done before the first user request.",
     )
+    stream_batching_interval_ms: float = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description=(
+            "How long Ray Serve LLM gathers a stream's tokens before it sends them on "
+            "(experimental_configs.stream_batching_interval_ms; Ray's default is 50). Every first token "
+            "waits for the next tick, so the interval is added to TTFT, up to its full length; 0 sends each "
+            "token at once, at the cost of one message per token per stream. 10 ms keeps TTFT's rounding "
+            "small while a busy engine still batches its streams' tokens."
+        ),
+    )
+    pd_tokenize_once: bool = Field(
+        default=True,
+        description=(
+            "P/D only: prefill hands decode the prompt's token ids, so decode does not tokenize the prompt "
+            "again (experimental_configs.pd_tokenize_once in Ray's P/D server). Off, decode re-tokenizes "
+            "every prompt: time on the critical path of the first token, growing with the prompt."
+        ),
+    )
     request_timeout_s: float = Field(
         default=600,
         gt=0,
@@ -267,10 +307,13 @@ class ServingSpec(SpecModel):
             raise ValueError(
                 "kv_transfer.buffer_device is cuda but device is cpu; set kv_transfer.buffer_device: cpu"
             )
-        for key in self.env_vars:
+        named = [(f"env_vars.{k}", k) for k in self.env_vars] + [
+            (f"{phase}.env_vars.{k}", k) for phase in ("prefill", "decode", "colocated") for k in self.phase(phase).env_vars
+        ]
+        for where, key in named:
             if re.search(r"TOKEN|SECRET|PASSWORD|KEY", key, re.IGNORECASE):
                 raise ValueError(
-                    f"env_vars.{key} looks like a secret; secrets never go into the serve config "
+                    f"{where} looks like a secret; secrets never go into the serve config "
                     "(use model.hf_token_secret for a Hugging Face token)"
                 )
         return self
@@ -300,7 +343,10 @@ class ServingSpec(SpecModel):
             "kv_role": KV_ROLE[phase],
             "kv_buffer_device": kv.buffer_device,
             "kv_load_failure_policy": kv.load_failure_policy,
-            "kv_connector_extra_config": {"backends": [kv.backend]},
+            "kv_connector_extra_config": {
+                "backends": [kv.backend],
+                **({"num_threads": kv.nixl_threads} if kv.nixl_threads is not None else {}),
+            },
         }
 
     def engine_kwargs(self, phase: str) -> dict[str, Any]:
@@ -317,8 +363,10 @@ class ServingSpec(SpecModel):
         kwargs.update(spec.engine_kwargs)
         return kwargs
 
-    def runtime_env(self) -> dict[str, Any]:
+    def runtime_env(self, phase: str | None = None) -> dict[str, Any]:
         env = dict(self.env_vars)
+        if phase:
+            env.update(self.phase(phase).env_vars)
         if self.kv_transfer.side_channel_host:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.kv_transfer.side_channel_host
         return {"env_vars": env} if env else {}
@@ -352,7 +400,7 @@ class ServingSpec(SpecModel):
         }
         if self.device == "cpu":
             config["accelerator_config"] = {"kind": "cpu"}
-        runtime_env = self.runtime_env()
+        runtime_env = self.runtime_env(phase)
         if runtime_env:
             config["runtime_env"] = runtime_env
         experimental = self.experimental_configs(phase)
@@ -367,11 +415,13 @@ class ServingSpec(SpecModel):
 
     def experimental_configs(self, phase: str) -> dict[str, Any]:
         """Ray Serve LLM's ``LLMConfig.experimental_configs`` of a phase (keys read by Ray 2.58 and 2.60)."""
-        experimental: dict[str, Any] = {}
+        experimental: dict[str, Any] = {"stream_batching_interval_ms": self.stream_batching_interval_ms}
         if phase in KV_ROLE:
             experimental["NIXL_SIDE_CHANNEL_PORT_BASE"] = self.side_channel_port(phase)
         if phase == "decode" and self.prewarm_nixl:
             experimental["_prewarm_prefill_decode"] = True
+        if phase == "decode" and self.pd_tokenize_once:
+            experimental["pd_tokenize_once"] = True
         return experimental
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:

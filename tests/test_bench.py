@@ -98,3 +98,25 @@ def test_gpu_fraction_cannot_combine_with_tensor_parallelism():
 
     with pytest.raises(ValidationError, match="cannot combine with tensor_parallel_size 2"):
         PhaseSpec(gpu_fraction=0.5, tensor_parallel_size=2)
+
+
+def test_ttft_tables_give_the_gap_and_where_it_goes():
+    from bench.ttft import SizeResult, ttft_table, where_it_goes, where_table
+
+    pd = [SizeResult("short", 20, [0.12, 0.10, 0.11]), SizeResult("long", 1500, [0.16, 0.15, 0.30])]
+    co = [SizeResult("short", 20, [0.03, 0.02, 0.04]), SizeResult("long", 1500, [0.06, 0.05, 0.07])]
+    text = ttft_table({"disaggregated": pd, "colocated": co})
+    assert "| disaggregated | 110 / 120 | 160 / 300 |" in text
+    assert "| P/D − colocated | +80 / +80 | +100 / +230 |" in text
+    where = {"short": {"Prefill ttft": 40.0, "Decode ttft": 50.0, "Decode nixl": 4.0},
+             "long": {"Prefill ttft": 90.0, "Decode ttft": 60.0, "Decode nixl": 6.0}}
+    rows = where_it_goes(pd, where, "disaggregated")
+    assert rows["short"]["outside the engines (hand-off, tokenizing, batching, HTTP)"] == pytest.approx(110 - 90)
+    assert "| prefill engine (queue + prefill) | 40 | 90 |" in where_table(rows)
+
+
+def test_ttft_prompts_are_unique_and_of_the_asked_length():
+    from bench.ttft import prompt_of
+
+    first, second = prompt_of(500), prompt_of(500)
+    assert len(first) == len(second) == 500 and first[:32] != second[:32]

@@ -179,3 +179,41 @@ def uuid_token() -> str:
     import uuid
 
     return uuid.uuid4().hex + uuid.uuid4().hex[:2]
+
+
+# The experimental_configs keys Ray 2.58.0 (the cluster image's) reads, and where (ray-2.58.0 wheel,
+# python/ray/llm/_internal/serve/...): a key it does not read would be ignored on the cluster.
+RAY_258_EXPERIMENTAL_KEYS = {
+    "stream_batching_interval_ms": "core/server/llm_server.py (LLMServer._get_batch_interval_ms)",
+    "pd_tokenize_once": "serving_patterns/prefill_decode/pd_server.py (PDDecodeServer)",
+    "_prewarm_prefill_decode": "serving_patterns/prefill_decode/pd_server.py",
+    "NIXL_SIDE_CHANNEL_PORT_BASE": "engines/vllm/kv_transfer/nixl.py (NixlConnectorBackend._set_side_channel_port)",
+}
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_latency_knobs_reach_the_engines_with_keys_ray_2_58_reads(local_ray, env):
+    from serve_app.app import build_app
+
+    spec = cluster_spec(env)
+    deployments = graph(build_app(spec.model_dump(mode="json")))
+    decode = deployments["Decode:qwen2_5-7b-instruct"].init_kwargs["llm_config"]
+    prefill = deployments["Prefill:qwen2_5-7b-instruct"].init_kwargs["llm_config"]
+    assert decode.experimental_configs["pd_tokenize_once"] is True
+    for config in (prefill, decode):
+        assert config.experimental_configs["stream_batching_interval_ms"] == spec.stream_batching_interval_ms == 10
+        assert set(config.experimental_configs) <= set(RAY_258_EXPERIMENTAL_KEYS)
+        # LIBFABRIC on the cluster: NIXL's thread count is not set (vLLM would ignore it).
+        assert "num_threads" not in config.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]
+
+
+def test_local_spec_sets_thread_binding_and_one_nixl_thread(local_ray):
+    from serve_app.app import build_app
+
+    spec = load_spec(str(CONFIG_DIR / "local.yaml"))
+    deployments = graph(build_app(spec.model_dump(mode="json")))
+    for name in ("Prefill:tiny-llama", "Decode:tiny-llama"):
+        config = deployments[name].init_kwargs["llm_config"]
+        extra = config.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]
+        assert extra == {"backends": ["UCX"], "num_threads": spec.kv_transfer.nixl_threads}
+        assert "VLLM_CPU_OMP_THREADS_BIND" in config.runtime_env["env_vars"]
