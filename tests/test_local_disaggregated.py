@@ -372,7 +372,7 @@ from ray.serve.schema import ServeDeploySchema
 from local.server import DEFAULT_SPEC, local_spec
 from serve_app.serve_config import serve_config
 port, working_dir = int(sys.argv[1]), sys.argv[2]
-ray.init(address="auto", namespace="serve", logging_level="ERROR")
+ray.init(address="auto", namespace="serve", logging_level="ERROR", log_to_driver=False)
 config = serve_config(local_spec(DEFAULT_SPEC, "disaggregated"), working_dir=working_dir)
 config["http_options"].update(host="127.0.0.1", port=port)
 serve_api.serve_start(http_options=config["http_options"]).deploy_apps(ServeDeploySchema.model_validate(config))
@@ -408,21 +408,16 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
     rolled_at = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", ROLLOUT_SCRIPT, str(server.port), f"s3://{bucket}/{new_key}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "AWS_ENDPOINT_URL": server.status["code_endpoint"], "AWS_ACCESS_KEY_ID": "local",
              "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-2"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    submitted_after = time.monotonic() - rolled_at
     loader.join(seconds + REQUEST_TIMEOUT_S + 60)
     records = outcome["records"]
     failed = [r for r in records if r["outcome"] != "ok"]
     window = (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at) if failed else None
-    report_measurement(
-        "in-place-rollout",
-        {**summary(records, seconds), "errors": sorted({r["outcome"] for r in failed}),
-         "failing_from_s_after_rollout": round(window[0], 1) if window else None,
-         "failing_until_s_after_rollout": round(window[1], 1) if window else None},
-    )
     # The rollout happened (every engine replica was replaced), and the app serves again with KV transferred.
     def engines() -> set[str]:
         return {r for r, d in server.replicas().items() if d.startswith(("Prefill", "Decode"))}
@@ -431,7 +426,28 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
     while engines() & replicas_before and time.monotonic() < deadline:
         time.sleep(2)
     assert engines() and not engines() & replicas_before
+    replaced_after = time.monotonic() - rolled_at
     client = openai_client(server)
+    # New replicas can be listed before they answer within Serve's request timeout, and a new decode
+    # replica pre-warms NIXL with a request of its own. One answered request means both have settled,
+    # so the counters hold only the measured request's tokens next.
+    serves_again_after = None
+    while serves_again_after is None and time.monotonic() < deadline + 300:
+        try:
+            client.completions.create(model=MODEL, prompt=unique_prompt("after-rollout-warm", 20), max_tokens=1)
+            serves_again_after = time.monotonic() - rolled_at
+        except openai.APIError:
+            time.sleep(2)
+    report_measurement(
+        "in-place-rollout",
+        {**summary(records, seconds), "errors": sorted({r["outcome"] for r in failed}),
+         "failing_from_s_after_rollout": round(window[0], 1) if window else None,
+         "failing_until_s_after_rollout": round(window[1], 1) if window else None,
+         "submitted_after_s": round(submitted_after, 1),
+         "replicas_replaced_after_s": round(replaced_after, 1),
+         "serves_again_after_s": round(serves_again_after, 1) if serves_again_after else None},
+    )
+    assert serves_again_after is not None, "no answer within 5 minutes of the replicas being replaced"
     before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after-rollout", 90), max_tokens=4)
     after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
