@@ -13,6 +13,8 @@ MODE ?= disaggregated
 ASSET ?=
 # Extra flags for the local server, e.g. LOCAL_ARGS='--port 8010 --nixl-port-base 30000'.
 LOCAL_ARGS ?=
+# Extra flags for make mirror-model, e.g. MIRROR_ARGS='--repo Qwen/Qwen2.5-7B-Instruct --dry-run'.
+MIRROR_ARGS ?=
 # make bench / bench-compare: the endpoint(s), workload preset, served model and its tokenizer.
 URL ?=
 PD_URL ?=
@@ -29,7 +31,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy test plan local bench bench-compare verify upgrade-crds clean help
+.PHONY: synth deploy destroy test plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -40,6 +42,7 @@ help:
 	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
 	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
+	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
 	@echo "make test                                     install everything and run every test"
 
@@ -99,6 +102,10 @@ bench-compare: $(VENV)/.serve
 
 upgrade-crds: $(VENV)/.runtime
 	$(PY) -m cli.kuberay_crds $(CONFIG)
+
+# A Job on the cluster copies the model into the mirror bucket; it prints the source: line to use.
+mirror-model: $(VENV)/.runtime
+	$(PY) -m cli.mirror_model $(CONFIG) $(MIRROR_ARGS)
 
 verify: $(VENV)/.dev
 	$(PY) -m verify --config $(CONFIG) $(VERIFY_ARGS)

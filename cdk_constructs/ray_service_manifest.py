@@ -9,6 +9,7 @@ from cdk_constructs import hf_token
 from cdk_constructs.node_groups import EFA_TAINT_KEY, GPU_TAINT_KEY, PHASE_LABEL, ROLE_LABEL
 from config import catalog
 from config.schema import AppConfig
+from config.versions import MODEL_STREAMER_PACKAGES
 from serve_app.serve_config import SERVE_PORT
 from serve_app.spec import PHASE_RESOURCE, PHASES
 
@@ -21,6 +22,10 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # NewCluster upgrade.
 SERVING_REVISION = "pd-serving/serving-revision"
 # Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
+# Where a streaming worker's init container installs the model streamer; on the Ray container's
+# PYTHONPATH, which Ray keeps for every worker process behind a working_dir's path
+# (ray/_private/runtime_env/working_dir.py, set_pythonpath_in_context).
+MODEL_STREAMER_DIR = "/opt/model-streamer"
 NODE_RESERVED_CPUS = 4
 NODE_MEMORY_SHARE = 0.8
 
@@ -34,6 +39,34 @@ def _gpu_tolerations() -> list[dict[str, str]]:
 
 def _pod_ip_env(name: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def _region_env(config: AppConfig) -> list[dict[str, str]]:
+    # EKS Pod Identity supplies credentials, not a region; naming it keeps Ray's S3 downloads
+    # (boto3) and the Run:ai streamer (AWS C++ SDK, reads either name) from guessing one.
+    return [{"name": name, "value": config.aws.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
+
+
+def add_model_streamer(group: dict[str, Any], image: str) -> None:
+    """Installs vLLM's Run:ai streamer into the group's pods before Ray starts (the image lacks it)."""
+    pod = group["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR}
+    pod.setdefault("initContainers", []).append({
+        "name": "install-model-streamer",
+        "image": image,
+        # The serving image's own Python and pip (/opt/venv), through the NAT gateway to PyPI.
+        "command": [
+            "python", "-m", "pip", "install", "--quiet", "--no-cache-dir", "--disable-pip-version-check",
+            "--no-deps", "--target", MODEL_STREAMER_DIR, *MODEL_STREAMER_PACKAGES,
+        ],
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [mount],
+    })
+    pod.setdefault("volumes", []).append({"name": "model-streamer", "emptyDir": {"sizeLimit": "1Gi"}})
+    container.setdefault("volumeMounts", []).append({**mount, "readOnly": True})
+    container.setdefault("env", []).append({"name": "PYTHONPATH", "value": MODEL_STREAMER_DIR})
 
 
 def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[str, Any]:
@@ -52,7 +85,7 @@ def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[s
                         "image": image,
                         "resources": {"requests": resources, "limits": resources},
                         # The NVIDIA container hook fails on nodes without a driver otherwise.
-                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_region_env(config)],
                         "ports": [
                             {"containerPort": 6379, "name": "gcs-server"},
                             {"containerPort": 8265, "name": "dashboard"},
@@ -110,6 +143,7 @@ def worker_group(config: AppConfig, phase: str, *, image: str, service_account: 
                             {"name": "FI_PROVIDER", "value": "efa"},
                             {"name": "FI_EFA_FORK_SAFE", "value": "1"},
                             _pod_ip_env("VLLM_HOST_IP"),
+                            *_region_env(config),
                         ],
                         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
                         "ports": [
@@ -222,6 +256,9 @@ def ray_service(
             mount_hf_token(group)
         if rs.rollout == "new_cluster":
             annotate_revision(group, serving_revision(serve_config_v2))
+    if config.serving.model.streams:
+        for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
+            add_model_streamer(group, image)
     service = serve_service(config)
     if service:
         spec["serveService"] = service

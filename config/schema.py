@@ -558,6 +558,57 @@ class RayServiceConfig(StrictModel):
         return self.image.replace("{region}", region)
 
 
+S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
+
+
+class ModelMirrorConfig(StrictModel):
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Create an S3 bucket for model weights, readable by the Ray pods and writable by `make mirror-model`'s "
+            "Job. Point serving.model.source at s3://<bucket>/<model_id> once the model is mirrored."
+        ),
+    )
+    bucket_name: str | None = Field(
+        default=None,
+        description="The bucket's name; left empty: <name>-models-<account>-<region>, which is unique per account.",
+    )
+    keep_on_destroy: bool | None = Field(
+        default=None,
+        description=(
+            "Keep the bucket and its weights when the stack is destroyed (copying a model again takes an hour). "
+            "Left empty: kept in production, emptied and deleted elsewhere."
+        ),
+    )
+
+    @field_validator("bucket_name")
+    @classmethod
+    def _s3_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problem = s3_bucket_name_problem(value)
+        if problem:
+            raise ValueError(f"{value!r} is a name S3 refuses: {problem}")
+        return value
+
+
+def s3_bucket_name_problem(name: str) -> str | None:
+    """S3's bucket naming rules (general purpose buckets), as a fix to apply, or None."""
+    if not 3 <= len(name) <= 63:
+        return "use 3-63 characters"
+    if not S3_BUCKET_NAME.match(name):
+        return "use lower-case letters, digits, '.' and '-', starting and ending with a letter or digit"
+    if ".." in name:
+        return "no two dots in a row"
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return "not an IP address"
+    if name.startswith(("xn--", "sthree-", "amzn-s3-demo-")):
+        return "do not start with 'xn--', 'sthree-' or 'amzn-s3-demo-'"
+    if name.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")):
+        return "do not end with '-s3alias', '--ol-s3', '.mrap', '--x-s3' or '--table-s3'"
+    return None
+
+
 class PlannerSettings(StrictModel):
     max_transfer_share: float = Field(
         default=0.25,
@@ -670,6 +721,10 @@ class AppConfig(StrictModel):
     planner: PlannerSettings = Field(
         default_factory=PlannerSettings, description="Thresholds of the deployment planner."
     )
+    model_mirror: ModelMirrorConfig = Field(
+        default_factory=ModelMirrorConfig,
+        description="The stack's own S3 mirror of model weights (`make mirror-model` fills it).",
+    )
     observability: ObservabilityConfig = Field(
         default_factory=ObservabilityConfig,
         description="Where Ray's and vLLM's Prometheus metrics are scraped to, and the per-phase dashboard.",
@@ -726,6 +781,42 @@ class AppConfig(StrictModel):
             if not 1 <= len(key) <= 128 or len(value) > 256:
                 raise ValueError(f"{key!r}: tag keys take 1-128 characters and values at most 256; shorten it")
         return tags
+
+    @model_validator(mode="after")
+    def _s3_source_in_region(self) -> AppConfig:
+        model = self.serving.model
+        if not model.is_s3:
+            return self
+        bucket = model.source.removeprefix("s3://").split("/", 1)[0]
+        if self.model_mirror.enabled and bucket == self.mirror_bucket:
+            return self
+        if model.source_region is None:
+            raise ValueError(
+                f"serving.model.source_region: required for an S3 source other than the stack's mirror ({bucket}): "
+                f"an s3:// URI carries no region; set it (it must be {self.aws.region})"
+            )
+        if model.source_region != self.aws.region:
+            raise ValueError(
+                f"serving.model.source {model.source} is in {model.source_region}, not {self.aws.region}: every new "
+                f"replica would pull the weights across regions (slow, paid per GB); mirror the model into "
+                f"{self.aws.region} (model_mirror, make mirror-model)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mirror_name(self) -> AppConfig:
+        if self.model_mirror.enabled and self.model_mirror.bucket_name is None:
+            problem = s3_bucket_name_problem(self.mirror_bucket)
+            if problem:
+                raise ValueError(
+                    f"model_mirror.bucket_name: the derived name {self.mirror_bucket!r} is one S3 refuses ({problem}); "
+                    "set model_mirror.bucket_name"
+                )
+        return self
+
+    @property
+    def mirror_bucket(self) -> str:
+        return self.model_mirror.bucket_name or f"{self.name}-models-{self.aws.account}-{self.aws.region}"
 
     @model_validator(mode="after")
     def _surge_needs_ray_2_60(self) -> AppConfig:

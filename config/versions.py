@@ -110,6 +110,24 @@ SECRETS_STORE_CSI_PROVIDER_AWS = HelmChartPin(
     version="3.1.1",
 )
 
+# vLLM's Run:ai model streamer (load_format runai_streamer) and the dependency it lacks in the
+# serving image: the AWS Ray LLM image installs ray[llm] and vLLM without vLLM's `runai` extra
+# (aws/deep-learning-containers, docker/ray_llm/pyproject.toml and uv.lock), so GPU workers that
+# stream install these at pod start. The versions requirements-serve.txt locks (a test compares).
+MODEL_STREAMER_PACKAGES = ("runai-model-streamer==0.17.0", "runai-model-streamer-s3==0.17.1", "humanize==4.17.0")
+
+# `make mirror-model`'s Job: a small Python image from ECR Public (reached through the NAT gateway)
+# and what its script needs, huggingface_hub and boto3 with all their dependencies (installed
+# with --no-deps), at the versions requirements-serve.txt locks (a test compares them).
+MIRROR_JOB_IMAGE = "public.ecr.aws/docker/library/python:3.12.12-slim"
+MIRROR_JOB_PACKAGES = (
+    "huggingface-hub==2.4.0", "boto3==1.44.5",
+    "anyio==4.16.0", "botocore==1.44.8", "click==8.5.1", "filelock==4.3.1", "fsspec==2026.9.0", "h11==0.16.0",
+    "hf-xet==1.8.0", "httpcore2==2.16.2", "httpx2==2.16.2", "idna==3.20", "jmespath==1.1.0", "packaging==26.4",
+    "python-dateutil==2.9.0.post0", "pyyaml==6.0.3", "s3transfer==0.19.3", "six==1.17.0", "tqdm==4.70.1",
+    "truststore==0.10.5", "typing-extensions==4.16.0", "urllib3==2.8.0",
+)
+
 # Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),
 # which ships the controller's IAM policy for the versions it knows; newest known to 2.275.0.
 AWS_LOAD_BALANCER_CONTROLLER = "V3_2_2"

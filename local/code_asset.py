@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,11 @@ BOOTSTRAP_VERSION = "30"
 
 @dataclass
 class LocalS3:
-    """An S3-compatible server (moto) on loopback, for as long as the ``with`` block runs."""
+    """An S3-compatible server (moto) on loopback, for as long as the ``with`` block runs.
+
+    Moto keeps its state per process, not per server: each server starts from an empty state so
+    that one ``with`` block never sees what an earlier one left. Run one at a time per process.
+    """
 
     region: str = "us-east-2"
     server: object | None = field(default=None, repr=False)
@@ -47,6 +52,7 @@ class LocalS3:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).close()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -52,6 +52,7 @@ RUN_DIR = ROOT / ".local" / "run"
 STATUS_FILE = RUN_DIR / "status.json"
 RUN_RECORD = RUN_DIR / "run.json"
 SHUTDOWN_SECONDS = 20
+LOCAL_MODEL_BUCKET = "local-models"
 
 
 class StartupFailure(Exception):
@@ -141,20 +142,49 @@ def sweep_leftovers() -> None:
 # --- start-up and readiness ----------------------------------------------------------------------
 
 
-def published_code(config_path: str, stack: ExitStack) -> str:
-    """Synthesizes ``config_path``, publishes its assets to a loopback S3 with the CDK CLI, and
-    points this process (and the Ray processes it starts) at that S3; returns the working_dir."""
+def loopback_s3(args: argparse.Namespace, stack: ExitStack):
+    """One S3-compatible server on loopback for whatever the run takes from S3 (code, weights), in
+    the code asset's region; this process and the Ray processes it starts are pointed at it."""
+    from local.code_asset import LocalS3
+
+    region = "us-east-2"
+    if args.code_from_asset:
+        from config.loader import load_config
+
+        region = load_config(args.code_from_asset).aws.region
+    s3 = stack.enter_context(LocalS3(region=region))
+    # The streamer's S3 client (AWS CRT) and its file listing (boto3) read these; moto wants path-style URLs.
+    os.environ.update(s3.env, RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
+    return s3
+
+
+def published_code(config_path: str, s3) -> str:
+    """Synthesizes ``config_path`` and publishes its assets to the loopback S3 with the CDK CLI;
+    returns the working_dir the RayService would name."""
     from config.loader import load_config
-    from local.code_asset import LocalS3, bootstrap, publish_assets, synthesize, working_dir
+    from local.code_asset import bootstrap, publish_assets, synthesize, working_dir
 
     config = load_config(config_path)
     outdir = RUN_DIR / "asset-cdk.out"
     synthesize(Path(config_path).resolve(), outdir)
-    s3 = stack.enter_context(LocalS3(region=config.aws.region))
     bootstrap(s3, config.aws.account)
     publish_assets(s3, outdir)
-    os.environ.update(s3.env)
     return working_dir(outdir, config.stack_name)
+
+
+def streamed_model(spec: ServingSpec, s3) -> ServingSpec:
+    """The tiny model mirrored into the loopback S3 by the mirror Job's own script; the spec then
+    names its s3:// URI, which the engines stream with vLLM's Run:ai Model Streamer."""
+    from mirror.job import mirror
+
+    client = s3.client("s3")
+    client.create_bucket(Bucket=LOCAL_MODEL_BUCKET, CreateBucketConfiguration={"LocationConstraint": s3.region})
+    prefix = spec.model.model_id
+    if mirror(bucket=LOCAL_MODEL_BUCKET, prefix=prefix, from_dir=Path(spec.model.source), s3=client, out=lambda _: None):
+        raise StartupFailure("the tiny model could not be mirrored into the loopback S3")
+    data = spec.model_dump()
+    data["model"].update(source=f"s3://{LOCAL_MODEL_BUCKET}/{prefix}", load_format="runai_streamer")
+    return ServingSpec.model_validate(data)
 
 
 def deploy_from_serve_config(spec: ServingSpec, port: int, code_url: str) -> None:
@@ -395,8 +425,11 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
     from serve_app.app import build_app
 
     ensure_tiny_model(spec.model.source)
+    s3 = loopback_s3(args, resources) if (args.code_from_asset or args.model_from_s3) else None
+    if args.model_from_s3:
+        spec = streamed_model(spec, s3)
     try:
-        code_url = published_code(args.code_from_asset, resources) if args.code_from_asset else None
+        code_url = published_code(args.code_from_asset, s3) if args.code_from_asset else None
     except RuntimeError as exc:  # synth or publish failed: say which, without a traceback
         raise StartupFailure(f"the code asset of {args.code_from_asset} could not be prepared: {exc}") from None
     # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
@@ -441,7 +474,8 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
             "models_seconds": round(models_seconds, 1),
             "code": code_url or "this checkout",
             # Where the code asset lives (loopback S3), so that tools can publish a changed one.
-            "code_endpoint": os.environ.get("AWS_ENDPOINT_URL") if code_url else None,
+            "code_endpoint": s3.endpoint if s3 else None,
+            "model_source": spec.model.source,
             "replicas": replica_map(),
         })
         time.sleep(2)
@@ -458,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         help="first NIXL side-channel port (prefill; decode +2000); default: the spec's kv_transfer.side_channel_port_base",
     )
     parser.add_argument("--ready-timeout", type=float, default=600)
+    parser.add_argument(
+        "--model-from-s3", action="store_true",
+        help="mirror the tiny model into a loopback S3 and let the engines stream it from there (runai_streamer)",
+    )
     parser.add_argument(
         "--code-from-asset", metavar="CONFIG",
         help="serve serve_app from CONFIG's synthesized code asset, fetched by Ray from a loopback S3",

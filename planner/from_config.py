@@ -16,16 +16,17 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
     groups = config.cluster.gpu_node_groups
     settings = config.planner
     model = serving.model
-    if model.config_json is None and (model.is_s3 or model.source.startswith(("/", "."))):
+    hub_model = model.hub_id or model.source
+    if model.config_json is None and model.hub_id is None and (model.is_s3 or model.source.startswith(("/", "."))):
         raise PlanningError(
-            f"serving.model.source {model.source!r} is not a Hugging Face id the planner knows; "
-            "set serving.model.config_json to a local copy of the model's config.json"
+            f"serving.model.source {model.source!r} is not a Hugging Face id the planner knows; set "
+            "serving.model.hub_id to the repo it mirrors, or serving.model.config_json to a local copy of its config.json"
         )
     # Colocated engines run on either group; plan them with decode's parallelism on each.
     prefill_spec = serving.prefill if serving.mode == "disaggregated" else serving.colocated
     decode_spec = serving.decode if serving.mode == "disaggregated" else serving.colocated
     return PlanInputs(
-        model=model.source,
+        model=hub_model,
         config_json=model.config_json,
         prefill=PhasePlanInputs(
             instance_type=groups.prefill.instance_type,

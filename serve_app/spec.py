@@ -29,9 +29,11 @@ MANAGED_ENGINE_KWARGS = {
     "model": "model.source",
     "served_model_name": "model.model_id",
     "device": "device",
+    "load_format": "model.load_format",
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+STREAM_CALLBACK = "serve_app.callbacks:StreamWeightsFromS3"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
 SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
@@ -70,10 +72,39 @@ class ModelSpec(SpecModel):
         default=None,
         description="Local config.json of the model, for the planner when the model is not in its table.",
     )
+    hub_id: str | None = Field(
+        default=None,
+        description=(
+            "The Hugging Face repo the weights come from when source is not one (an S3 mirror): "
+            "`make mirror-model` copies it and the planner reads its architecture from it."
+        ),
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+    )
+    source_region: str | None = Field(
+        default=None,
+        description=(
+            "Region of an S3 source that is not the stack's own mirror (an s3:// URI carries none, and "
+            "synth makes no AWS call to find it). It must be the cluster's region: cross-region weights "
+            "are slow and paid per GB."
+        ),
+    )
+    load_format: Literal["auto", "runai_streamer"] | None = Field(
+        default=None,
+        description=(
+            "How the engines read the weights. runai_streamer streams the safetensors straight from S3 into "
+            "memory (vLLM's Run:ai Model Streamer; Ray Serve LLM then skips its copy to local disk); auto "
+            "copies them to the node first. Left empty: runai_streamer for an s3:// source, auto otherwise."
+        ),
+    )
 
     @property
     def is_s3(self) -> bool:
         return self.source.startswith("s3://")
+
+    @property
+    def streams(self) -> bool:
+        """Whether the engines stream the weights from S3 (the load format, explicit or derived)."""
+        return (self.load_format or ("runai_streamer" if self.is_s3 else "auto")) == "runai_streamer"
 
     @field_validator("hf_token_secret")
     @classmethod
@@ -104,6 +135,11 @@ class ModelSpec(SpecModel):
             )
         if self.is_s3 and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", self.source):
             raise ValueError(f"source {self.source!r} is not an S3 URI such as s3://bucket/models/qwen")
+        if self.load_format == "runai_streamer" and not self.is_s3:
+            raise ValueError(
+                f"load_format runai_streamer streams from S3; serving.model.source is {self.source}: mirror the "
+                "model (make mirror-model) and use its s3:// URI, or set load_format: auto"
+            )
         return self
 
 
@@ -360,6 +396,8 @@ class ServingSpec(SpecModel):
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if phase in KV_ROLE:
             kwargs["kv_transfer_config"] = self.kv_transfer_config(phase)
+        if self.model.streams:
+            kwargs["load_format"] = "runai_streamer"
         kwargs.update(spec.engine_kwargs)
         return kwargs
 
@@ -406,6 +444,13 @@ class ServingSpec(SpecModel):
         experimental = self.experimental_configs(phase)
         if experimental:
             config["experimental_configs"] = experimental
+        if self.model.streams:
+            # Ray 2.58 skips its download for a streaming load format and then hands vLLM the model
+            # id, not the S3 URI (2.60 resolves it); this callback names the URI in both.
+            config["callback_config"] = {
+                "callback_class": STREAM_CALLBACK,
+                "callback_kwargs": {"model_uri": self.model.source},
+            }
         return config
 
     def side_channel_port(self, phase: str) -> int:

@@ -11,6 +11,7 @@ from cdk_constructs import addons
 from cdk_constructs.autoscaler import ClusterAutoscaler
 from cdk_constructs.cluster import EksCluster
 from cdk_constructs.log_groups import EncryptedLogs
+from cdk_constructs.model_mirror import ModelMirror
 from cdk_constructs.network import Network
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
@@ -106,6 +107,19 @@ class PdServingStack(Stack):
             self, cluster=cluster, version=charts.kuberay_operator
         )
         serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
+        mirror = None
+        if config.model_mirror.enabled:
+            keep = config.model_mirror.keep_on_destroy
+            mirror = ModelMirror(
+                self,
+                "ModelMirror",
+                cluster=cluster,
+                bucket_name=config.mirror_bucket,
+                namespace=config.ray_service.namespace,
+                keep_on_destroy=config.production if keep is None else keep,
+                namespace_manifest=serving.namespace,
+                token_secret=config.serving.model.hf_token_secret,
+            )
         # Teardown runs in reverse: the RayService is deleted while the nodes and KubeRay still run;
         # then the NLB's Service, whose deletion waits until the load balancer controller has removed
         # the NLB, its security groups and ENIs; only then the controller, the nodes and the VPC.
@@ -130,6 +144,8 @@ class PdServingStack(Stack):
         CfnOutput(self, "PortForwardCommand", value=serving.port_forward_command)
         CfnOutput(self, "OpenAiBaseUrl", value="http://127.0.0.1:8000/v1 (after the port-forward)")
         CfnOutput(self, "ServedModel", value=config.serving.model.model_id)
+        if mirror:
+            CfnOutput(self, "ModelMirrorBucket", value=mirror.bucket.bucket_name)
         if observability.workspace_arn:
             CfnOutput(self, "PrometheusWorkspaceArn", value=observability.workspace_arn)
         self.config = config
@@ -138,3 +154,4 @@ class PdServingStack(Stack):
         self.network = network
         self.gpu_groups = gpu_groups
         self.autoscaler = autoscaler
+        self.mirror = mirror

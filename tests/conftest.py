@@ -54,11 +54,13 @@ def bench_rows() -> dict:
     return {}
 
 
-def serve_locally(mode: str, port: int, metrics_port: int, code_from_asset=None):
+def serve_locally(mode: str, port: int, metrics_port: int, code_from_asset=None, extra_args=()):
     """A module's local server: started once, always stopped, and proven to leave nothing behind."""
     from local.harness import LocalServer, session_processes
 
-    running = LocalServer(mode=mode, port=port, metrics_port=metrics_port, code_from_asset=code_from_asset).start()
+    running = LocalServer(
+        mode=mode, port=port, metrics_port=metrics_port, code_from_asset=code_from_asset, extra_args=list(extra_args)
+    ).start()
     try:
         yield running
     finally:

@@ -252,10 +252,10 @@ def test_synth_fails_for_unknown_s3_model_without_config_json(tmp_path):
     from config.loader import ConfigError
 
     data, _ = _config_with()
-    data["serving"]["model"] = {"model_id": "mine", "source": "s3://models/mine"}
+    data["serving"]["model"] = {"model_id": "mine", "source": "s3://models/mine", "source_region": "us-east-2"}
     path = tmp_path / "s3.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match="set serving.model.config_json"):
+    with pytest.raises(ConfigError, match="set serving.model.hub_id to the repo it mirrors, or serving.model.config_json"):
         build_app(str(path), outdir=str(tmp_path / "out"))
 
 

@@ -18,6 +18,7 @@ from serve_app.spec import ServingSpec
 from tests.conftest import (
     CONFIG_DIR,
     RAYSERVICE_CRD,
+    ROOT,
     RAYSERVICE_CRD_SHA256,
     SHIPPED_ENVIRONMENTS,
     synth_variant,
@@ -165,6 +166,8 @@ def test_worker_group_pinned_to_its_phase(phase):
     env = {e["name"]: e for e in container["env"]}
     assert env["FI_PROVIDER"]["value"] == "efa"
     assert env["VLLM_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # Pod Identity brings no region; the streamer and Ray's S3 downloads need the stack's.
+    assert env["AWS_REGION"]["value"] == env["AWS_DEFAULT_REGION"]["value"] == "us-east-2"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     (volume,) = pod["volumes"]
     assert volume["emptyDir"]["medium"] == "Memory"
@@ -273,7 +276,8 @@ def test_s3_mirrored_model_is_readable(tmp_path):
         "torch_dtype": "bfloat16",
     }))
     data["serving"]["model"] = {
-        "model_id": "qwen", "source": "s3://my-models/qwen2.5-7b", "config_json": str(config_json),
+        "model_id": "qwen", "source": "s3://my-models/qwen2.5-7b", "source_region": "us-east-2",
+        "config_json": str(config_json),
     }
     stack, template = synth_variant(tmp_path, data, "s3")
     policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
@@ -281,8 +285,13 @@ def test_s3_mirrored_model_is_readable(tmp_path):
     assert '"s3:prefix": ["qwen2.5-7b/*"]' in policies
     serve_config = yaml.safe_load(stack.serving.serve_config_v2)
     spec = ServingSpec.model_validate(serve_config["applications"][0]["args"])
-    assert spec.llm_config("decode")["model_loading_config"]["model_source"] == {
-        "bucket_uri": "s3://my-models/qwen2.5-7b"
+    decode = spec.llm_config("decode")
+    assert decode["model_loading_config"]["model_source"] == {"bucket_uri": "s3://my-models/qwen2.5-7b"}
+    # Streamed, not downloaded: vLLM reads the safetensors from S3 and is told the URI on Ray 2.58 too.
+    assert decode["engine_kwargs"]["load_format"] == "runai_streamer"
+    assert decode["callback_config"] == {
+        "callback_class": "serve_app.callbacks:StreamWeightsFromS3",
+        "callback_kwargs": {"model_uri": "s3://my-models/qwen2.5-7b"},
     }
 
 
@@ -291,3 +300,51 @@ def test_outputs_port_forward_and_base_url(synthesized):
     outputs = template.to_json()["Outputs"]
     assert outputs["PortForwardCommand"]["Value"] == "kubectl -n llm port-forward svc/pd-llm-serve-svc 8000:8000"
     assert outputs["OpenAiBaseUrl"]["Value"].startswith("http://127.0.0.1:8000/v1")
+
+
+def test_streaming_workers_install_the_model_streamer_the_image_lacks(tmp_path):
+    from cdk_constructs.ray_service_manifest import MODEL_STREAMER_DIR
+    from config.versions import MODEL_STREAMER_PACKAGES
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {"model_id": "qwen", "source": "s3://my-models/qwen2.5-7b", "source_region": "us-east-2",
+                                "hub_id": "Qwen/Qwen2.5-7B-Instruct"}
+    stack, _ = synth_variant(tmp_path, data, "streaming")
+    cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
+    assert "initContainers" not in cluster["headGroupSpec"]["template"]["spec"]
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        (install,) = pod["initContainers"]
+        assert install["image"] == pod["containers"][0]["image"]
+        assert install["command"][-len(MODEL_STREAMER_PACKAGES):] == list(MODEL_STREAMER_PACKAGES)
+        assert install["command"][install["command"].index("--target") + 1] == MODEL_STREAMER_DIR
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["PYTHONPATH"] == MODEL_STREAMER_DIR
+        assert {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR, "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    # A Hugging Face model installs nothing.
+    _, default = manifest_for("dev")
+    assert all("initContainers" not in g["template"]["spec"] for g in default["spec"]["rayClusterConfig"]["workerGroupSpecs"])
+
+
+def test_ray_keeps_the_containers_pythonpath_behind_the_working_dir(monkeypatch):
+    """Ray's own function (the same in 2.58.0): the streamer's directory stays importable in every
+    worker process that a working_dir puts first on the path."""
+    from ray._private.runtime_env.context import RuntimeEnvContext
+    from ray._private.runtime_env.working_dir import set_pythonpath_in_context
+
+    from cdk_constructs.ray_service_manifest import MODEL_STREAMER_DIR
+
+    monkeypatch.setenv("PYTHONPATH", MODEL_STREAMER_DIR)
+    context = RuntimeEnvContext()
+    set_pythonpath_in_context("/tmp/ray/session_latest/runtime_resources/working_dir_files/abc", context)
+    assert context.env_vars["PYTHONPATH"].split(":") == [
+        "/tmp/ray/session_latest/runtime_resources/working_dir_files/abc", MODEL_STREAMER_DIR,
+    ]
+
+
+def test_streamer_packages_are_the_locked_ones():
+    from config.versions import MODEL_STREAMER_PACKAGES
+
+    lock = (ROOT / "requirements-serve.txt").read_text().splitlines()
+    for package in MODEL_STREAMER_PACKAGES:
+        assert package in lock, f"{package} is not what requirements-serve.txt locks"

@@ -234,13 +234,14 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS rollout state",
         "PASS Cluster Autoscaler sees both GPU groups",
         "PASS no worker Pending too long",
+        "PASS time to the last new replica",
         "PASS replicas on their node groups",
         "PASS EFA allocated to workers",
         "PASS NIXL uses EFA",
         "PASS chat completion",
         "PASS KV transferred, no recompute",
     ]
-    assert lines[-1] == "9/9 checks passed"
+    assert lines[-1] == "10/10 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -258,7 +259,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
-    assert out.splitlines()[-1] == "5/9 checks passed"
+    assert out.splitlines()[-1] == "6/10 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -406,3 +407,16 @@ def test_an_old_cluster_that_outlives_the_deletion_delay_fails():
     assert "old cluster pd-llm-b7n2c still exists 4798 s after pd-llm-xk2vd became ready" in result.evidence
     fresh = checks.rollout_state(rayservice(), load("rayclusters_old_left.json"), datetime(2026, 11, 30, 16, 41, tzinfo=timezone.utc), 120)
     assert fresh.passed and "old cluster pd-llm-b7n2c lingers for in-flight requests" in fresh.evidence
+
+
+def test_time_to_the_last_replica_is_reported_next_to_the_planners_estimate():
+    from verify.kube import slug
+
+    args = ["exec", "pd-llm-xk2vd-head-8tq2w", "-n", "llm", "-c", "ray-head", "--", "sh", "-c", checks.SERVE_STARTS]
+    starts = (HEALTHY / f"{slug(args)}.txt").read_text()
+    result = checks.time_to_last_replica(pods(), starts, {"prefill": 285, "decode": 285}, "pd-llm-xk2vd")
+    assert result.passed
+    assert result.evidence == (
+        f"decode: {DECODE_POD}: 98 s waiting for a node, 86 s to Ready (image pull, Ray), 196 s for Serve's replica "
+        "(weights, engine); about 380 s in all, planner estimate 285 s"
+    )

@@ -107,12 +107,11 @@ def recorded_endpoint(directory: str):
     return run
 
 
-def replica_seconds(config) -> float:
-    """The planner's time to a new replica on a new node, for the configured weight source."""
+def replica_estimates(config) -> dict[str, float]:
+    """The planner's time to a new replica on a new node per phase, for the configured weight source."""
     from planner.from_config import plan_config
 
-    report = plan_config(config)
-    return max(times[0].total for times in report.scaling.replica_times.values())
+    return {phase: times[0].total for phase, times in plan_config(config).scaling.replica_times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         kube = RecordingKube(kubectl, args.record) if args.record else kubectl
         endpoint = live_endpoint(args, kubectl, rs.namespace, rs.name, model)
     groups = config.cluster.gpu_node_groups
+    estimates = replica_estimates(config)
     try:
         results = checks.run_all(
             kube,
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             app_name=config.serving.app_name,
             endpoint=endpoint,
             gpu_groups={phase: (g.min_size, g.max_size) for phase, g in (("prefill", groups.prefill), ("decode", groups.decode))},
-            pending_limit_seconds=replica_seconds(config),
+            pending_limit_seconds=max(estimates.values()),
+            replica_estimates=estimates,
             gated=bool(config.serving.model.hf_token_secret),
             deletion_delay_seconds=rs.cluster_deletion_delay_seconds,
         )

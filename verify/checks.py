@@ -61,6 +61,10 @@ READY, PLACED, EFA, NIXL, CHAT, KV = (
 AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pending too long")
 HF_TOKEN = "Hugging Face token mounted"
 ROLLOUT = "rollout state"
+REPLICA_TIME = "time to the last new replica"
+# Serve's controller logs each replica start with its duration; read on the head pod.
+SERVE_STARTS = "grep -h 'started successfully' /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 50"
+_STARTED = re.compile(r"^\w+ (\S+ \S+) .*Replica\(id='([^']+)', deployment='([^']+)'.*started successfully.*after ([0-9.]+)s")
 # Kept equal to cdk_constructs.hf_token (a test compares them). The script prints one word, never
 # the token: whether the file HF_TOKEN_PATH names exists and is not empty.
 HF_TOKEN_DRIVER = "secrets-store.csi.k8s.io"
@@ -279,6 +283,47 @@ def rollout_state(rayservice: dict, rayclusters: dict, now: datetime, deletion_d
     if active and not pending and set(owned) == {active}:
         facts.append("no other RayCluster")
     return _result(ROLLOUT, problems, facts)
+
+
+def _condition_time(pod: dict, kind: str) -> datetime | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return _time(condition.get("lastTransitionTime"))
+    return None
+
+
+def time_to_last_replica(pods: dict, serve_starts: str, estimates: Mapping[str, float], cluster: str | None = None) -> CheckResult:
+    """How long the newest GPU worker took from its pod's creation to a serving replica, step by step
+    (Kubernetes: waiting for a node, then image and Ray; Serve: weights and engine), next to the
+    planner's estimate for a new replica on a new node."""
+    facts = []
+    workers = {n: p for n, p in worker_pods(pods, cluster).items() if _running(p)}
+    if not workers:
+        return _result(REPLICA_TIME, [], ["no running GPU worker to time"])
+    starts: dict[str, float] = {}
+    for line in serve_starts.splitlines():
+        match = _STARTED.match(line.strip())
+        if match:
+            starts[match.group(3).split(":")[0].lower()] = float(match.group(4))
+    newest = max(workers.items(), key=lambda item: item[1]["metadata"].get("creationTimestamp", ""))
+    name, pod = newest
+    phase = WORKER_GROUPS[_group(pod)]
+    created = _time(pod["metadata"].get("creationTimestamp"))
+    scheduled, ready = _condition_time(pod, "PodScheduled"), _condition_time(pod, "Ready")
+    parts = []
+    if created and scheduled:
+        parts.append(f"{(scheduled - created).total_seconds():.0f} s waiting for a node")
+    if scheduled and ready:
+        parts.append(f"{(ready - scheduled).total_seconds():.0f} s to Ready (image pull, Ray)")
+    total = (ready - created).total_seconds() if created and ready else 0.0
+    if phase in starts:
+        parts.append(f"{starts[phase]:.0f} s for Serve's replica (weights, engine)")
+        total += starts[phase]
+    facts.append(
+        f"{phase}: {name}: {', '.join(parts) or 'no timestamps'}; about {total:.0f} s in all, planner estimate "
+        f"{estimates.get(phase, 0):.0f} s"
+    )
+    return _result(REPLICA_TIME, [], facts)
 
 
 def hf_token_mounted(pods: dict, probes: Mapping[str, str], cluster: str | None = None) -> CheckResult:
@@ -504,6 +549,7 @@ def run_all(
     pending_limit_seconds: float,
     gated: bool = False,
     deletion_delay_seconds: int = 120,
+    replica_estimates: Mapping[str, float] | None = None,
 ) -> list[CheckResult]:
     """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
 
@@ -536,12 +582,23 @@ def run_all(
                 probes[pod] = f"not readable ({exc})"
         token = [hf_token_mounted(pods, probes, cluster)]
     rollout = rollout_state(rayservice, kube.get_json(["get", "rayclusters", "-n", namespace]), now, deletion_delay_seconds)
+    heads = [
+        p["metadata"]["name"] for p in pods.get("items") or []
+        if (p["metadata"].get("labels") or {}).get("ray.io/node-type") == "head"
+        and (not cluster or (p["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster)
+    ]
+    try:
+        serve_starts = kube.text(["exec", heads[0], "-n", namespace, "-c", "ray-head", "--", "sh", "-c", SERVE_STARTS]) if heads else ""
+    except KubeError:
+        serve_starts = ""
+    timing = time_to_last_replica(pods, serve_starts, replica_estimates or {}, cluster)
     return [
         ready,
         rollout,
         *token,
         autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
         no_worker_pending_too_long(pods, now, pending_limit_seconds),
+        timing,
         replicas_on_their_node_groups(pods, nodes, cluster),
         efa_allocated(pods, cluster),
         nixl_uses_efa(logs),

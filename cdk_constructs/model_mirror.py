@@ -1,0 +1,93 @@
+"""The stack's S3 mirror of model weights, and who may touch it.
+
+Encrypted (S3-managed keys), private (all public access blocked, TLS only). The Ray pods may read
+it through their Pod Identity role (granted on the model's prefix by the serving construct); the
+``model-mirror`` service account that ``make mirror-model``
+runs its Job with may write it (and read a gated model's token, when there is one). Kept when the
+stack is destroyed in production (weights take an hour to copy again); emptied and deleted with
+it elsewhere.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from cdk_constructs.policy import acknowledge
+
+MIRROR_SERVICE_ACCOUNT = "model-mirror"
+
+
+class ModelMirror(Construct):
+    """Args:
+        cluster: the EKS cluster (the mirror Job's service account is created in it).
+        bucket_name: the bucket's name (the config's, so that ``serving.model.source`` can name it).
+        namespace: where the mirror Job runs (the RayService's namespace, beside the token's provider class).
+        keep_on_destroy: keep the bucket and its weights when the stack is destroyed.
+        namespace_manifest: the namespace, which must exist before the service account.
+        token_secret: a gated model's token secret, which the Job mounts with its own role.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        bucket_name: str,
+        namespace: str,
+        keep_on_destroy: bool,
+        namespace_manifest: Construct,
+        token_secret: str | None = None,
+    ) -> None:
+        super().__init__(scope, id_)
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            bucket_name=bucket_name,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            removal_policy=RemovalPolicy.RETAIN if keep_on_destroy else RemovalPolicy.DESTROY,
+            auto_delete_objects=not keep_on_destroy,
+        )
+        acknowledge(
+            self.bucket,
+            "AwsSolutions-S1",
+            "The mirror holds public model weights written by one Job and read by the Ray pods; S3 server access "
+            "logs would add a second bucket to keep or delete. CloudTrail data events audit it where needed.",
+        )
+        self.writer = cluster.add_service_account(
+            "ModelMirrorServiceAccount",
+            name=MIRROR_SERVICE_ACCOUNT,
+            namespace=namespace,
+            identity_type=eks.IdentityType.POD_IDENTITY,
+        )
+        self.writer.node.add_dependency(namespace_manifest)
+        self.bucket.grant_read_write(self.writer)
+        if token_secret:
+            if token_secret.startswith("arn:"):
+                secret = secretsmanager.Secret.from_secret_complete_arn(self, "TokenSecret", token_secret)
+            else:
+                secret = secretsmanager.Secret.from_secret_name_v2(self, "TokenSecret", token_secret)
+            secret.grant_read(self.writer)
+        acknowledge(
+            self.writer,
+            "AwsSolutions-IAM5[Action::s3:Abort*]",
+            "CDK's grant for writing a bucket; the mirror Job writes this one bucket only.",
+        )
+        for finding in ("Action::s3:DeleteObject*", "Action::s3:GetBucket*", "Action::s3:GetObject*", "Action::s3:List*"):
+            acknowledge(self.writer, f"AwsSolutions-IAM5[{finding}]", "CDK's read/write grant on the mirror bucket alone.")
+        acknowledge(
+            self.writer,
+            f"AwsSolutions-IAM5[Resource::<{self._logical_id()}.Arn>/*]",
+            "Every object of the mirror bucket: the Job writes a model's files under a prefix chosen per model.",
+        )
+
+    def _logical_id(self) -> str:
+        from aws_cdk import Stack
+
+        return Stack.of(self).get_logical_id(self.bucket.node.default_child)
