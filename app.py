@@ -59,6 +59,9 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
     report = checked_plan(config, config_path)
     app = cdk.App(
         outdir=outdir,
+        # A construct's creation trace from Python ends in jsii's bundled JavaScript, not in this
+        # code; the CDK CLI would print one such frame above every warning.
+        stack_traces=False,
         context=availability_zone_context(
             config.aws.account, config.aws.region, config.network.availability_zones
         ),

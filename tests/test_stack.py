@@ -132,6 +132,10 @@ def test_cdk_cli_synthesizes_without_credentials_or_lookups(tmp_path):
         cwd=ROOT, env=_clean_env(tmp_path), capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
+    # The planner's warning is shown as the user's own, with no frame of jsii's JavaScript above it.
+    output = result.stdout + result.stderr
+    assert "no GPUDirect RDMA" in output
+    assert "program.js" not in output, output
     manifest = json.loads((outdir / "manifest.json").read_text())
     assert "missing" not in manifest, "synth asked for context that would need an AWS lookup"
     assert (outdir / "pd-dev-pd-serving.template.json").is_file()
