@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from aws_cdk import Stack
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from cdk_constructs.addons import HelmAddon
@@ -32,6 +33,13 @@ CSI_DRIVER = "secrets-store.csi.k8s.io"
 ROTATION_POLL_INTERVAL = "3600s"
 # Every node that runs Ray pods: the system nodes (head) and the tainted GPU nodes (workers).
 EVERYWHERE = [{"operator": "Exists"}]
+
+
+def imported_secret(scope: Construct, id_: str, name_or_arn: str) -> secretsmanager.ISecret:
+    """The token's secret, named as the config names it: a complete ARN, or a name in the stack's region."""
+    if name_or_arn.startswith("arn:"):
+        return secretsmanager.Secret.from_secret_complete_arn(scope, id_, name_or_arn)
+    return secretsmanager.Secret.from_secret_name_v2(scope, id_, name_or_arn)
 
 
 def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from cdk_constructs.hf_token import imported_secret
 from cdk_constructs.policy import acknowledge
 
 MIRROR_SERVICE_ACCOUNT = "model-mirror"
@@ -69,11 +69,7 @@ class ModelMirror(Construct):
         self.writer.node.add_dependency(namespace_manifest)
         self.bucket.grant_read_write(self.writer)
         if token_secret:
-            if token_secret.startswith("arn:"):
-                secret = secretsmanager.Secret.from_secret_complete_arn(self, "TokenSecret", token_secret)
-            else:
-                secret = secretsmanager.Secret.from_secret_name_v2(self, "TokenSecret", token_secret)
-            secret.grant_read(self.writer)
+            imported_secret(self, "TokenSecret", token_secret).grant_read(self.writer)
         acknowledge(
             self.writer,
             "AwsSolutions-IAM5[Action::s3:Abort*]",

@@ -11,10 +11,9 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
-from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from cdk_constructs.hf_token import HuggingFaceToken
+from cdk_constructs.hf_token import HuggingFaceToken, imported_secret
 from cdk_constructs.kuberay_rules import validate_ray_service
 from cdk_constructs.policy import acknowledge
 from cdk_constructs.ray_service_manifest import owned_serve_service, ray_service, serve_service_name
@@ -125,11 +124,7 @@ class RayServiceApp(Construct):
         if model.hf_token_secret:
             # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
             # for this secret alone (GetSecretValue, DescribeSecret).
-            if model.hf_token_secret.startswith("arn:"):
-                secret = secretsmanager.Secret.from_secret_complete_arn(self, "HfTokenSecret", model.hf_token_secret)
-            else:
-                secret = secretsmanager.Secret.from_secret_name_v2(self, "HfTokenSecret", model.hf_token_secret)
-            secret.grant_read(self.service_account)
+            imported_secret(self, "HfTokenSecret", model.hf_token_secret).grant_read(self.service_account)
         if model.is_s3:
             bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")
             bucket = s3.Bucket.from_bucket_name(self, "ModelBucket", bucket_name)

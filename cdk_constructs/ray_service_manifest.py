@@ -21,11 +21,11 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # the cluster spec (not RayService annotations, not serveConfigV2), so a change of either starts a
 # NewCluster upgrade.
 SERVING_REVISION = "pd-serving/serving-revision"
-# Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
 # Where a streaming worker's init container installs the model streamer; on the Ray container's
 # PYTHONPATH, which Ray keeps for every worker process behind a working_dir's path
 # (ray/_private/runtime_env/working_dir.py, set_pythonpath_in_context).
 MODEL_STREAMER_DIR = "/opt/model-streamer"
+# Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
 NODE_RESERVED_CPUS = 4
 NODE_MEMORY_SHARE = 0.8
 
@@ -251,11 +251,12 @@ def ray_service(
         },
     }
     groups = [spec["rayClusterConfig"]["headGroupSpec"], *spec["rayClusterConfig"]["workerGroupSpecs"]]
+    revision = serving_revision(serve_config_v2) if rs.rollout == "new_cluster" else None
     for group in groups:
         if config.serving.model.hf_token_secret:
             mount_hf_token(group)
-        if rs.rollout == "new_cluster":
-            annotate_revision(group, serving_revision(serve_config_v2))
+        if revision:
+            annotate_revision(group, revision)
     if config.serving.model.streams:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             add_model_streamer(group, image)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import catalog
-from config.loader import ConfigError, load_config
+from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
@@ -206,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--facts-out", help="where to write what app.py needs (-c deploy_facts=FILE)")
     parser.add_argument("--checkip-url", default=CHECKIP_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"Config error:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config)
     try:
         verdict = check(config, args.config, checkip_url=args.checkip_url, **aws_clients(config.aws.region))
     except Exception as exc:  # noqa: BLE001 - no credentials, no network: say so in one line

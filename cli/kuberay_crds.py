@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from config.loader import ConfigError, load_config
+from config.loader import load_config_or_exit
 from config.versions import KUBERAY_CRDS_KUSTOMIZATION
 
 
@@ -34,11 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"Config error:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config)
     cmd = command(config.charts.kuberay_operator)
     print(" ".join(cmd))
     if args.dry_run:

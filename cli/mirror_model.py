@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from config.loader import ConfigError, load_config
+from config.loader import load_config_or_exit
 from mirror.manifest import job_name, manifests
 
 
@@ -35,11 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=7200, help="seconds to wait for the Job")
     parser.add_argument("--dry-run", action="store_true", help="print the manifests instead of applying them")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"Config error:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config)
     if not config.model_mirror.enabled:
         print(f"{args.config}: model_mirror.enabled is false; set it to true and make deploy first", file=sys.stderr)
         return 2

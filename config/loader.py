@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -87,3 +88,12 @@ def load_config(path: str | Path) -> AppConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_config(data, source=str(path))
+
+
+def load_config_or_exit(path: str | Path) -> AppConfig:
+    """load_config for a command line: a bad config prints its problems and exits with status 2."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"Config error:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None

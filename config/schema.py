@@ -15,12 +15,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config import catalog, versions
-from cdk_constructs.kuberay_rules import MAX_RAY_SERVICE_NAME_LENGTH
-from config.observability import AMP_MIN_SCRAPE_INTERVAL, ObservabilityConfig
+from cdk_constructs.kuberay_rules import MAX_RAY_SERVICE_NAME_LENGTH, is_dns1035_label
+from config.observability import ADDON_VERSION, AMP_MIN_SCRAPE_INTERVAL, ObservabilityConfig
 from serve_app.spec import PHASES, ServingSpec
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 PLACEHOLDER_ACCOUNT = "000000000000"
 # Stands in for the deployer's address until `make deploy` resolves it: RFC 5737 TEST-NET-1,
 # which no client comes from, so a template deployed without the guard fails closed.
@@ -390,7 +389,7 @@ class ClusterConfig(StrictModel):
     @classmethod
     def _addon_versions(cls, values: dict[str, str]) -> dict[str, str]:
         for name, version in values.items():
-            if not re.match(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$", version):
+            if not ADDON_VERSION.match(version):
                 raise ValueError(
                     f"{name}: {version!r} is not an EKS add-on version such as v1.35.3-eksbuild.2; list them with "
                     f"`aws eks describe-addon-versions --addon-name {name}`"
@@ -533,7 +532,7 @@ class RayServiceConfig(StrictModel):
     def _kuberay_name(cls, value: str) -> str:
         # KubeRay's ValidateRayServiceMetadata: a DNS-1035 label of at most 47 characters (its
         # RayCluster gets a 6-character suffix and its Service "-serve-svc" on top).
-        if len(value) > MAX_RAY_SERVICE_NAME_LENGTH or not DNS_1035_LABEL.match(value):
+        if len(value) > MAX_RAY_SERVICE_NAME_LENGTH or is_dns1035_label(value):
             raise ValueError(
                 f"{value!r} is a name KubeRay refuses; use a DNS-1035 label of at most "
                 f"{MAX_RAY_SERVICE_NAME_LENGTH} characters: lower-case letters, digits and '-', starting with "

@@ -99,8 +99,9 @@ class PdServingStack(Stack):
             image_tag=CLUSTER_AUTOSCALER_RELEASES[cluster_config.kubernetes_version],
             scale_down_idle_minutes=cluster_config.autoscaling.scale_down_idle_minutes,
         )
+        nodegroups = (system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
         # Removed before any node group on teardown, so that it never scales a group being deleted.
-        autoscaler.node.add_dependency(system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
+        autoscaler.node.add_dependency(*nodegroups)
         addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
         self.kuberay = addons.kuberay_operator(
@@ -123,7 +124,6 @@ class PdServingStack(Stack):
         # Teardown runs in reverse: the RayService is deleted while the nodes and KubeRay still run;
         # then the NLB's Service, whose deletion waits until the load balancer controller has removed
         # the NLB, its security groups and ENIs; only then the controller, the nodes and the VPC.
-        nodegroups = (system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
         serving.manifest.node.add_dependency(*nodegroups)
         if serving.serve_service:
             serving.serve_service.node.add_dependency(*nodegroups, cluster.alb_controller)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from config.loader import ConfigError, load_config
+from config.loader import load_config_or_exit
 from verify import checks
 from verify.kube import KubeError, KubectlRunner, RecordedKube, RecordingKube
 
@@ -128,11 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--record", metavar="DIR", help="keep every output here (for a bug report)")
     args = parser.parse_args(argv)
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"Config error:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config)
     rs, model = config.ray_service, config.serving.model.model_id
     bad = [item for item in args.metrics_url if "=" not in item]
     if bad:
