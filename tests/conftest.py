@@ -101,6 +101,20 @@ def measure_one_request(server, client, model: str) -> dict:
     }
 
 
+def with_changes(data: dict, changes: dict) -> dict:
+    """A copy of a config (as a dict) with dotted keys ("serving.mode") set to new values."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for path, value in changes.items():
+        target = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return data
+
+
 def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> dict:
     """The RayService manifest of a config, rendered as the construct renders it."""
     from cdk_constructs.ray_service_manifest import ray_service

@@ -9,7 +9,7 @@ import yaml
 from aws_cdk.assertions import Match
 
 from config import versions
-from config.loader import parse_config
+from config.loader import load_config, parse_config
 from planner import render_text
 from planner.from_config import plan_config
 from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, rendered_ray_service, synth_variant
@@ -109,7 +109,7 @@ def test_a_phase_pod_fits_only_its_own_groups_template(synthesized, env):
 
 
 def test_ray_drops_idle_workers_as_the_autoscaler_drops_idle_nodes():
-    config = parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text()))
+    config = load_config(CONFIG_DIR / "dev.yaml")
     cluster = rendered_ray_service(config)["spec"]["rayClusterConfig"]
     assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] == config.cluster.autoscaling.scale_down_idle_minutes * 60
     for worker in cluster["workerGroupSpecs"]:

@@ -11,7 +11,7 @@ from cdk_constructs.cluster import EksCluster
 from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
-from config.loader import parse_config
+from config.loader import load_config, parse_config
 from config.schema import DeployFacts
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
@@ -19,11 +19,9 @@ ENV = cdk.Environment(account="111111111111", region="us-east-2")
 
 @pytest.fixture(scope="module")
 def config():
-    import yaml
-
     from tests.conftest import CONFIG_DIR
 
-    return parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text()))
+    return load_config(CONFIG_DIR / "dev.yaml")
 
 
 def bare_stack(config) -> cdk.Stack:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from importlib import metadata
 
-import pytest
 from packaging.requirements import Requirement
 
 from tests.conftest import CONFIG_DIR, ROOT
@@ -73,7 +72,7 @@ else:
 """
 
 
-def run_with_runtime_only(args: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
+def run_with_runtime_only(args: list[str], **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", GUARD, json.dumps(sorted(runtime_closure())), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -81,8 +80,8 @@ def run_with_runtime_only(args: list[str], tmp_path, **env) -> subprocess.Comple
     )
 
 
-def test_the_guard_refuses_a_test_only_package(tmp_path):
-    result = run_with_runtime_only(["-m", "pytest", "--version"], tmp_path)
+def test_the_guard_refuses_a_test_only_package():
+    result = run_with_runtime_only(["-m", "pytest", "--version"])
     assert "No module named 'pytest': pytest is not installed by requirements.txt" in result.stderr
 
 
@@ -90,19 +89,19 @@ def test_synth_and_its_summary_import_only_runtime_requirements(tmp_path):
     """`make synth` runs app.py (through the CDK CLI) and cli.summary with requirements.txt only."""
     out = tmp_path / "out"
     result = run_with_runtime_only(
-        ["app.py"], tmp_path, CDK_CONTEXT_JSON=json.dumps({"config": str(CONFIG_DIR / "dev.yaml")}), CDK_OUTDIR=str(out)
+        ["app.py"], CDK_CONTEXT_JSON=json.dumps({"config": str(CONFIG_DIR / "dev.yaml")}), CDK_OUTDIR=str(out)
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = run_with_runtime_only(["-m", "cli.summary", str(CONFIG_DIR / "dev.yaml"), str(out)], tmp_path)
+    summary = run_with_runtime_only(["-m", "cli.summary", str(CONFIG_DIR / "dev.yaml"), str(out)])
     assert summary.returncode == 0, summary.stderr[-3000:]
     assert "Synthesized pd-dev" in summary.stdout
 
 
-def test_plan_imports_only_runtime_requirements(tmp_path):
-    result = run_with_runtime_only(["-m", "cli.plan", str(CONFIG_DIR / "dev.yaml")], tmp_path)
+def test_plan_imports_only_runtime_requirements():
+    result = run_with_runtime_only(["-m", "cli.plan", str(CONFIG_DIR / "dev.yaml")])
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_deploy_guard_imports_only_runtime_requirements(tmp_path):
-    result = run_with_runtime_only(["-m", "cli.deploy_guard", "--help"], tmp_path)
+def test_deploy_guard_imports_only_runtime_requirements():
+    result = run_with_runtime_only(["-m", "cli.deploy_guard", "--help"])
     assert result.returncode == 0, result.stderr[-3000:]

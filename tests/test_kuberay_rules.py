@@ -11,7 +11,6 @@ synth too.
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
@@ -23,12 +22,12 @@ from cdk_constructs.kuberay_rules import (
     validate_ray_service,
 )
 from config import catalog
-from config.loader import ConfigError, parse_config
-from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, rendered_ray_service
+from config.loader import ConfigError, load_config, parse_config
+from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, rendered_ray_service, with_changes
 
 
 def dev_manifest() -> dict:
-    return rendered_ray_service(parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())))
+    return rendered_ray_service(load_config(CONFIG_DIR / "dev.yaml"))
 
 
 def group(manifest: dict, name: str) -> dict:
@@ -38,7 +37,7 @@ def group(manifest: dict, name: str) -> dict:
 
 @pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
 def test_every_shipped_rayservice_passes_the_controller(env):
-    config = parse_config(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()))
+    config = load_config(CONFIG_DIR / f"{env}.yaml")
     validate_ray_service(rendered_ray_service(config))
 
 
@@ -56,28 +55,17 @@ VARIANTS = {
 }
 
 
-def _with(data: dict, changes: dict) -> dict:
-    data = copy.deepcopy(data)
-    for path, value in changes.items():
-        target = data
-        *parents, leaf = path.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
-    return data
-
-
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
 def test_config_variants_pass_the_controller(env, variant):
-    data = _with(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()), VARIANTS[variant])
+    data = with_changes(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()), VARIANTS[variant])
     validate_ray_service(rendered_ray_service(parse_config(data)))
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_ray_sees_the_phase_gpus_cpus_and_its_own_resource(phase):
     """pod.go: group resources become --num-cpus/--num-gpus/--resources; memory from the limits."""
-    config = parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text()))
+    config = load_config(CONFIG_DIR / "dev.yaml")
     facts = catalog.INSTANCES[config.cluster.gpu_node_groups.prefill.instance_type]
     worker = group(rendered_ray_service(config), f"{phase}-gpu")
     seen = ray_start_resources(worker)

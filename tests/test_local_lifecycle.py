@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is
 
 # Ports of their own, so that these servers never meet the other modules' (8000/8001, 20000/22000).
 PORT, METRICS_PORT, NIXL_BASE = 8010, 8095, 30000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -49,15 +42,26 @@ def unrelated_listener(port: int):
         holder.wait(10)
 
 
-def start_server(*extra: str, log_name: str, **env: str) -> tuple[subprocess.Popen, object]:
-    log = open(ROOT / ".local" / "run" / log_name, "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "local.server", "--port", str(PORT), "--metrics-port", str(METRICS_PORT),
-         "--nixl-port-base", str(NIXL_BASE), *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-    )
-    return process, log
+RUN_DIR = ROOT / ".local" / "run"
+
+
+@contextmanager
+def server_process(*extra: str, log_name: str, **env: str):
+    """`make local`'s server as its own session, logging to RUN_DIR/log_name; killed on the way out if
+    the test left it running."""
+    with open(RUN_DIR / log_name, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "local.server", "--port", str(PORT), "--metrics-port", str(METRICS_PORT),
+             "--nixl-port-base", str(NIXL_BASE), *extra],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
 
 
 def wait_for(condition, timeout: float, what: str):
@@ -92,13 +96,10 @@ def sweep(mark: str) -> None:
 def test_a_port_in_the_way_is_named_with_its_holder_at_once(busy, named):
     with unrelated_listener(busy) as holder:
         started = time.monotonic()
-        process, log = start_server(log_name="port-taken.log")
-        try:
+        with server_process(log_name="port-taken.log") as process:
             code = process.wait(60)
-        finally:
-            log.close()
         elapsed = time.monotonic() - started
-        output = (ROOT / ".local" / "run" / "port-taken.log").read_text()
+        output = (RUN_DIR / "port-taken.log").read_text()
     assert code != 0
     assert named in output and f"pid {holder.pid} (" in output and "-c import socket" in output
     assert ("--port" if busy == PORT else "--nixl-port-base") in output
@@ -108,8 +109,7 @@ def test_a_port_in_the_way_is_named_with_its_holder_at_once(busy, named):
 
 
 def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
-    process, log = start_server(log_name="sigint-startup.log")
-    try:
+    with server_process(log_name="sigint-startup.log") as process:
         mark = wait_for(run_mark, 60, "the run record")
         # Ray is up but the engines are not: the moment the old server ignored Ctrl-C.
         wait_for(lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)),
@@ -118,11 +118,6 @@ def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
         os.killpg(process.pid, signal.SIGINT)
         code = process.wait(30)
         stopped_after = time.monotonic() - sent
-    finally:
-        log.close()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
     remaining = lifecycle.run_processes(mark)
     sweep(mark)
     assert code == 130
@@ -132,19 +127,16 @@ def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
 
 
 def test_after_a_kill_9_the_next_start_cleans_up_and_serves():
-    process, log = start_server(log_name="killed.log")
-    try:
+    with server_process(log_name="killed.log") as process:
         mark = wait_for(run_mark, 60, "the run record")
         # Kill the server once the engines hold their NIXL ports: what they leave in the way.
         wait_for(lambda: not lifecycle.port_free(NIXL_BASE + 2000), 300, "the decode engine's NIXL port")
         os.kill(process.pid, signal.SIGKILL)
         process.wait(10)
-    finally:
-        log.close()
     orphans = lifecycle.run_processes(mark)
     assert orphans, "a killed run left nothing behind, so this test proves nothing"
     server = LocalServer(port=PORT, metrics_port=METRICS_PORT, spec=None)
-    server_args_log = ROOT / ".local" / "run" / "after-kill.log"
+    server_args_log = RUN_DIR / "after-kill.log"
     server.log_path = server_args_log
     server.extra_args = ["--nixl-port-base", str(NIXL_BASE)]
     try:
@@ -166,15 +158,9 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves():
 
 
 def test_start_up_that_cannot_finish_in_time_exits_naming_what_is_not_ready():
-    process, log = start_server("--ready-timeout", "15", log_name="ready-timeout.log")
-    try:
+    with server_process("--ready-timeout", "15", log_name="ready-timeout.log") as process:
         code = process.wait(120)
-    finally:
-        log.close()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-    output = (ROOT / ".local" / "run" / "ready-timeout.log").read_text()
+    output = (RUN_DIR / "ready-timeout.log").read_text()
     assert code == 1
     assert "local server: the Serve app is not ready within the ready timeout:" in output
     assert "Decode:tiny-llama" in output or "Prefill:tiny-llama" in output or "application llm" in output
@@ -193,17 +179,11 @@ def test_a_replica_that_dies_during_start_up_fails_the_start_with_its_error(tmp_
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(spec))
     # Serve gives up on a deployment after 3 failed starts per replica; one is enough here.
-    process, log = start_server(
+    with server_process(
         "--spec", str(broken), log_name="replica-dies.log", RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT="1"
-    )
-    try:
+    ) as process:
         code = process.wait(480)
-    finally:
-        log.close()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-    output = (ROOT / ".local" / "run" / "replica-dies.log").read_text()
+    output = (RUN_DIR / "replica-dies.log").read_text()
     assert code == 1
     (failure,) = [line for line in output.splitlines() if line.startswith("local server: the Serve app failed during start-up")]
     named = output[output.index(failure):]

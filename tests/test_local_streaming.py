@@ -14,7 +14,7 @@ import time
 import pytest
 
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
-from tests.conftest import CONFIG_DIR, openai_client, report_measurement, serve_locally
+from tests.conftest import openai_client, report_measurement, serve_locally
 
 pytest.importorskip("runai_model_streamer_s3", reason="the serving stack (requirements-serve.txt) is not installed")
 MODEL = "tiny-llama"

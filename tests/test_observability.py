@@ -16,7 +16,7 @@ from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.observability import KNOWN_METRICS, Observability, scrape_config
 from cdk_constructs.policy import attach_policy_checks
-from config.loader import parse_config
+from config.loader import load_config
 from config.schema import DeployFacts
 from config.observability import ObservabilityConfig
 
@@ -28,7 +28,7 @@ WORKSPACE = "arn:aws:aps:us-east-2:111111111111:workspace/ws-0123abcd-4567-89ef-
 def app_config():
     from tests.conftest import CONFIG_DIR
 
-    return parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text()))
+    return load_config(CONFIG_DIR / "dev.yaml")
 
 
 def synth(app_config, config: ObservabilityConfig, outdir=None):

@@ -11,9 +11,8 @@ import pytest
 import yaml
 
 from cdk_constructs.kuberay_rules import validate_ray_service
-from cdk_constructs.ray_service_manifest import ray_service
 from config.loader import parse_config
-from serve_app.serve_config import IMPORT_PATH, serve_config_yaml
+from serve_app.serve_config import IMPORT_PATH
 from serve_app.spec import ServingSpec
 from tests.conftest import (
     CONFIG_DIR,
@@ -21,7 +20,9 @@ from tests.conftest import (
     ROOT,
     RAYSERVICE_CRD_SHA256,
     SHIPPED_ENVIRONMENTS,
+    rendered_ray_service,
     synth_variant,
+    with_changes,
 )
 
 
@@ -67,19 +68,8 @@ def validate(schema, manifest) -> None:
 
 
 def manifest_for(env: str, **changes):
-    data = yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text())
-    for path, value in changes.items():
-        target = data
-        *parents, leaf = path.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
-    config = parse_config(data)
-    return config, checked(ray_service(
-        config,
-        serve_config_v2=serve_config_yaml(config.serving, working_dir="s3://bucket/code.zip"),
-        service_account="ray-serve",
-    ))
+    config = parse_config(with_changes(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()), changes))
+    return config, checked(rendered_ray_service(config))
 
 
 def checked(manifest: dict) -> dict:

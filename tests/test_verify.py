@@ -268,8 +268,8 @@ def test_cli_without_a_cluster_answer_exits_2(tmp_path):
     assert "no recorded output for `kubectl get rayservice pd-llm -n llm`" in done.stderr
 
 
-AUTOSCALER_KEYS = (["get", "deployment", "cluster-autoscaler", "-n", "kube-system"],
-                   ["get", "configmap", "cluster-autoscaler-status", "-n", "kube-system"])
+AUTOSCALER_KEYS = (["get", "deployment", checks.AUTOSCALER_DEPLOYMENT, "-n", checks.AUTOSCALER_NAMESPACE],
+                   ["get", "configmap", checks.AUTOSCALER_STATUS, "-n", checks.AUTOSCALER_NAMESPACE])
 
 
 def autoscaler_parts():
@@ -304,10 +304,8 @@ def test_autoscaler_not_running_fails():
 
 
 def test_a_worker_pending_longer_than_a_new_replica_takes_fails():
-    from datetime import datetime, timezone
-
     now = checks._status_time(autoscaler_parts()[1]["time"])
-    assert now == datetime(2026, 11, 30, 17, 59, 58, tzinfo=timezone.utc)
+    assert now == STATUS_TIME
     result = checks.no_worker_pending_too_long(load("pods_worker_pending.json"), now, 285)
     assert not result.passed
     assert "pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s, longer than the 285 s" in result.evidence
@@ -410,10 +408,8 @@ def test_an_old_cluster_that_outlives_the_deletion_delay_fails():
 
 
 def test_time_to_the_last_replica_is_reported_next_to_the_planners_estimate():
-    from verify.kube import slug
-
     args = ["exec", "pd-llm-xk2vd-head-8tq2w", "-n", "llm", "-c", "ray-head", "--", "sh", "-c", checks.SERVE_STARTS]
-    starts = (HEALTHY / f"{slug(args)}.txt").read_text()
+    starts = KUBE.text(args)
     result = checks.time_to_last_replica(pods(), starts, {"prefill": 285, "decode": 285}, "pd-llm-xk2vd")
     assert result.passed
     assert result.evidence == (
