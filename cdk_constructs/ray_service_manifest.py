@@ -13,7 +13,6 @@ from config.versions import MODEL_STREAMER_PACKAGES
 from serve_app.serve_config import SERVE_PORT
 from serve_app.spec import PHASE_RESOURCE, PHASES
 
-NIXL_SIDE_CHANNEL_PORT_BASE = {"prefill": 20000, "decode": 22000}
 METRICS_PORT = 8080
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # With rollout: new_cluster, a hash of the Serve config (serve_app's asset URI, named by its content
@@ -115,7 +114,7 @@ def worker_group(config: AppConfig, phase: str, *, image: str, service_account: 
         "nvidia.com/gpu": str(facts.gpu_count),
         "vpc.amazonaws.com/efa": str(facts.efa_interfaces),
     }
-    side_channel = NIXL_SIDE_CHANNEL_PORT_BASE[phase]
+    side_channel = config.serving.side_channel_port(phase)
     return {
         "groupName": f"{phase}-gpu",
         "replicas": group.desired_size,

@@ -165,6 +165,16 @@ def test_worker_group_pinned_to_its_phase(phase):
     assert {"containerPort": port, "name": "nixl-side"} in container["ports"]
 
 
+def test_worker_pods_declare_the_nixl_port_the_engines_listen_on():
+    config, manifest = manifest_for("dev", **{"serving.kv_transfer.side_channel_port_base": 31000})
+    for phase in ("prefill", "decode"):
+        (group,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == f"{phase}-gpu"]
+        ports = group["template"]["spec"]["containers"][0]["ports"]
+        listening = config.serving.experimental_configs(phase)["NIXL_SIDE_CHANNEL_PORT_BASE"]
+        assert listening == {"prefill": 31000, "decode": 33000}[phase]
+        assert {"containerPort": listening, "name": "nixl-side"} in ports
+
+
 def test_serve_config_v2_is_one_app_whose_args_are_the_spec():
     config, manifest = manifest_for("dev")
     serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
