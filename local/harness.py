@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from local import lifecycle
 from local.server import ROOT, RUN_DIR
 
 
@@ -109,18 +110,5 @@ class LocalServer:
         return self.process.returncode
 
 
-def session_processes(session_id: int) -> list[int]:
-    """Processes still alive in a process session (to prove nothing leaked); zombies are dead."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) != session_id:
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (ProcessLookupError, PermissionError, FileNotFoundError, IndexError):
-            continue
-        if state != "Z":
-            pids.append(int(entry.name))
-    return pids
+# Processes still alive in a process session (to prove nothing leaked); zombies are dead.
+session_processes = lifecycle.session_members

@@ -30,12 +30,18 @@ class ProcessInfo:
         return f"pid {self.pid} ({self.command})"
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/pid/stat after the command name (field 3, the state, first); empty if the pid is gone."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def start_time(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (field 22 of /proc/pid/stat): with the pid, a unique name."""
-    try:
-        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def run_mark(pid: int | None = None) -> str:
@@ -63,11 +69,9 @@ def _environ_mark(pid: int) -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    """Whether ``pid`` exists and is not a zombie (a zombie has exited; only its parent's wait is missing)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def marked_processes(mark: str | None = None) -> dict[str, list[int]]:
@@ -105,20 +109,23 @@ def session_members(session: int) -> list[int]:
     return members
 
 
-def run_processes(mark: str) -> list[int]:
-    """Every living process of the run that set ``mark``: its session and whoever carries the mark."""
+def run_processes(mark: str, marked: dict[str, list[int]] | None = None) -> list[int]:
+    """Every living process of the run that set ``mark``: its session and whoever carries the mark
+    (``marked``: a scan by marked_processes() already made)."""
     server = int(mark.partition("-")[0])
-    return sorted(set(session_members(server)) | set(marked_processes(mark).get(mark, [])))
+    carriers = (marked_processes(mark) if marked is None else marked).get(mark, [])
+    return sorted(set(session_members(server)) | set(carriers))
 
 
 def leftovers(recorded_mark: str | None = None) -> list[ProcessInfo]:
     """Processes of earlier runs whose server is gone (``recorded_mark``: the last run's record)."""
-    marks = set(marked_processes()) | ({recorded_mark} if recorded_mark else set())
+    marked = marked_processes()
+    marks = set(marked) | ({recorded_mark} if recorded_mark else set())
     return [
         ProcessInfo(pid, command_of(pid))
         for mark in sorted(marks)
         if not server_alive(mark)
-        for pid in run_processes(mark)
+        for pid in run_processes(mark, marked)
     ]
 
 
