@@ -1,14 +1,15 @@
 """Time to first token at short, medium and long prompts, and where a P/D request spends it.
 
-    python -m bench.ttft --url http://127.0.0.1:8000/v1 --metrics-url http://127.0.0.1:8085/metrics
+    python -m bench.ttft --url http://127.0.0.1:8000/v1
 
 Each request is a streamed completion whose prompt starts with a unique prefix, so the prefix
 cache never serves a prompt twice and every measurement includes a real prefill. The client
-measures TTFT (request sent to the first text chunk); the engines' and Serve's own histograms,
-read before and after the measured requests, say where it went: the prefill engine's queue and
-prefill, the KV transfer (NIXL), decode's queue and first step, and the time each Serve
-deployment spent on the requests. Ray exports histogram sums from bucket midpoints, so those
-means are approximate; the client's numbers are exact.
+measures TTFT (request sent to the first text chunk). For a local server, whose metrics
+`make bench-compare` reads, the engines' own histograms, read before and after the measured
+requests, say where it went: each engine's time from a request's arrival to its first token
+(prefill: queue and prefill; decode: KV pull and first step) and the NIXL transfer within
+decode's. Ray exports histogram sums from bucket midpoints, so those means are approximate; the
+client's numbers are exact.
 """
 
 from __future__ import annotations
@@ -25,14 +26,11 @@ from dataclasses import dataclass, field
 PROMPT_TOKENS = {"short": 20, "medium": 500, "long": 1500}
 FILLER = "the quick brown fox jumps over the lazy dog and keeps running through the long grass "
 
-# Histograms (sum/count) that place a request's time, by who records them.
+# The engines' histograms (sum/count, seconds) that place a request's time.
 ENGINE_HISTOGRAMS = {
-    "queue": "ray_vllm_request_queue_time_seconds",
-    "prefill": "ray_vllm_request_prefill_time_seconds",
     "ttft": "ray_vllm_time_to_first_token_seconds",
     "nixl": "ray_vllm_nixl_xfer_time_seconds",
 }
-SERVE_HISTOGRAM = "ray_serve_deployment_processing_latency_ms"
 
 
 @dataclass
@@ -75,21 +73,16 @@ def first_token_seconds(client, model: str, prompt: str) -> float:
 
 
 def histogram_totals(metrics_url: str, replicas: dict[str, str]) -> dict[tuple[str, str], float]:
-    """{(deployment, "<metric>_sum"|"<metric>_count"): total} for the engines' and Serve's histograms."""
-    from local.metrics import replica_of, scrape
+    """{(deployment, "<metric>_sum"|"<metric>_count"): total} for the engines' histograms."""
+    from local.metrics import deployment_of, scrape
 
-    wanted = {*ENGINE_HISTOGRAMS.values(), SERVE_HISTOGRAM}
+    wanted = set(ENGINE_HISTOGRAMS.values())
     totals: dict[tuple[str, str], float] = defaultdict(float)
     for sample in scrape(metrics_url):
         base = sample.name.removesuffix("_sum").removesuffix("_count")
         if base not in wanted or sample.name == base:
             continue
-        if base == SERVE_HISTOGRAM:
-            deployment = sample.labels.get("deployment", "?")
-        else:
-            replica = replica_of(sample)
-            deployment = next((d for r, d in replicas.items() if replica == r or replica.endswith(r)), replica)
-        totals[(deployment.split(":")[0], sample.name)] += sample.value
+        totals[(deployment_of(sample, replicas).split(":")[0], sample.name)] += sample.value
     return dict(totals)
 
 
@@ -104,9 +97,8 @@ def means_ms(before: dict, after: dict) -> dict[str, float]:
         if count <= 0:
             continue
         total = value - before.get((deployment, name), 0.0)
-        scale = 1.0 if base == SERVE_HISTOGRAM else 1000.0
-        label = next((k for k, v in ENGINE_HISTOGRAMS.items() if v == base), "serve processing")
-        out[f"{deployment} {label}"] = total / count * scale
+        label = next(k for k, v in ENGINE_HISTOGRAMS.items() if v == base)
+        out[f"{deployment} {label}"] = total / count * 1000.0
     return out
 
 

@@ -57,6 +57,12 @@ def replica_of(sample: Sample) -> str:
     return "?"
 
 
+def deployment_of(sample: Sample, replicas: dict[str, str]) -> str:
+    """The deployment of the replica that exported ``sample`` (``replicas``: replica id to deployment)."""
+    replica = replica_of(sample)
+    return next((name for rid, name in replicas.items() if rid == replica or replica.endswith(rid)), replica)
+
+
 def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tuple[str, str, str], float]:
     """{(deployment, metric, source): value} summed over the replicas of each deployment.
 
@@ -66,11 +72,7 @@ def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tup
     for sample in samples:
         if not sample.name.startswith("ray_vllm_"):
             continue
-        replica = replica_of(sample)
-        deployment = next(
-            (name for rid, name in replicas.items() if rid == replica or replica.endswith(rid)), replica
-        )
-        totals[(deployment, sample.name, sample.labels.get("source", ""))] += sample.value
+        totals[(deployment_of(sample, replicas), sample.name, sample.labels.get("source", ""))] += sample.value
     return dict(totals)
 
 
