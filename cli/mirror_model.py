@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: model_mirror.enabled is false; set it to true and make deploy first", file=sys.stderr)
         return 2
     model = config.serving.model
-    repo = args.repo or model.hub_id or (None if model.is_s3 or model.source.startswith(("/", ".")) else model.source)
+    repo = args.repo or model.hub_repo
     if not repo:
         print(f"{args.config}: serving.model.source is {model.source}; give the Hugging Face repo with --repo",
               file=sys.stderr)

@@ -16,8 +16,7 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
     groups = config.cluster.gpu_node_groups
     settings = config.planner
     model = serving.model
-    hub_model = model.hub_id or model.source
-    if model.config_json is None and model.hub_id is None and (model.is_s3 or model.source.startswith(("/", "."))):
+    if model.config_json is None and model.hub_repo is None:
         raise PlanningError(
             f"serving.model.source {model.source!r} is not a Hugging Face id the planner knows; set "
             "serving.model.hub_id to the repo it mirrors, or serving.model.config_json to a local copy of its config.json"
@@ -26,7 +25,7 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
     prefill_spec = serving.prefill if serving.mode == "disaggregated" else serving.colocated
     decode_spec = serving.decode if serving.mode == "disaggregated" else serving.colocated
     return PlanInputs(
-        model=hub_model,
+        model=model.hub_repo or model.source,
         config_json=model.config_json,
         prefill=PhasePlanInputs(
             instance_type=groups.prefill.instance_type,

@@ -102,6 +102,13 @@ class ModelSpec(SpecModel):
         return self.source.startswith("s3://")
 
     @property
+    def hub_repo(self) -> str | None:
+        """The Hugging Face repo of the weights: hub_id, or source when it is a repo id (not S3, not a path)."""
+        if self.hub_id:
+            return self.hub_id
+        return None if self.is_s3 or self.source.startswith(("/", ".")) else self.source
+
+    @property
     def streams(self) -> bool:
         """Whether the engines stream the weights from S3 (the load format, explicit or derived)."""
         return (self.load_format or ("runai_streamer" if self.is_s3 else "auto")) == "runai_streamer"
