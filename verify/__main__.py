@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         kube = RecordingKube(kubectl, args.record) if args.record else kubectl
         endpoint = live_endpoint(args, kubectl, rs.namespace, rs.name, model)
     groups = config.cluster.gpu_node_groups
-    estimates = replica_estimates(config)
     try:
         results = checks.run_all(
             kube,
@@ -148,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             name=rs.name,
             app_name=config.serving.app_name,
             endpoint=endpoint,
-            gpu_groups={phase: (g.min_size, g.max_size) for phase, g in (("prefill", groups.prefill), ("decode", groups.decode))},
-            pending_limit_seconds=max(estimates.values()),
-            replica_estimates=estimates,
+            gpu_groups={phase: (getattr(groups, phase).min_size, getattr(groups, phase).max_size)
+                        for phase in ("prefill", "decode")},
+            replica_estimates=replica_estimates(config),
             gated=bool(config.serving.model.hf_token_secret),
             deletion_delay_seconds=rs.cluster_deletion_delay_seconds,
         )

@@ -546,16 +546,16 @@ def run_all(
     app_name: str,
     endpoint: Callable[[dict[str, str]], list[CheckResult]],
     gpu_groups: Mapping[str, tuple[int, int]],
-    pending_limit_seconds: float,
+    replica_estimates: Mapping[str, float],
     gated: bool = False,
     deletion_delay_seconds: int = 120,
-    replica_estimates: Mapping[str, float] | None = None,
 ) -> list[CheckResult]:
     """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
 
-    ``gpu_groups`` is the configured (min, max) of each phase's node group; a worker pod may wait
-    ``pending_limit_seconds`` (the planner's time to a new replica) for a node; ``gated`` adds the
-    token check; an old RayCluster may outlive the switch by ``deletion_delay_seconds``."""
+    ``gpu_groups`` is the configured (min, max) of each phase's node group; ``replica_estimates`` the
+    planner's time to a new replica of each phase, which is also as long as a worker pod may wait for
+    a node; ``gated`` adds the token check; an old RayCluster may outlive the switch by
+    ``deletion_delay_seconds``."""
     rayservice = kube.get_json(["get", "rayservice", name, "-n", namespace])
     ready = rayservice_ready(rayservice, app_name)
     cluster = ready.data.get("cluster")
@@ -591,13 +591,13 @@ def run_all(
         serve_starts = kube.text(["exec", heads[0], "-n", namespace, "-c", "ray-head", "--", "sh", "-c", SERVE_STARTS]) if heads else ""
     except KubeError:
         serve_starts = ""
-    timing = time_to_last_replica(pods, serve_starts, replica_estimates or {}, cluster)
+    timing = time_to_last_replica(pods, serve_starts, replica_estimates, cluster)
     return [
         ready,
         rollout,
         *token,
         autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
-        no_worker_pending_too_long(pods, now, pending_limit_seconds),
+        no_worker_pending_too_long(pods, now, max(replica_estimates.values())),
         timing,
         replicas_on_their_node_groups(pods, nodes, cluster),
         efa_allocated(pods, cluster),
