@@ -21,7 +21,7 @@ from constructs import Construct
 
 from cdk_constructs.addons import HelmAddon, SYSTEM_NODE_SELECTOR
 from cdk_constructs.policy import acknowledge
-from config.versions import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE
+from config.versions import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE, CLUSTER_AUTOSCALER_RELEASES
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "cluster-autoscaler"
@@ -70,7 +70,7 @@ class ClusterAutoscaler(Construct):
         cluster: the EKS cluster.
         cluster_name: the cluster's name (auto-discovery and the IAM scope use it).
         chart_version: the cluster-autoscaler chart version.
-        image_tag: the autoscaler release, matching the cluster's Kubernetes minor.
+        kubernetes_version: the cluster's Kubernetes minor; the autoscaler release follows it.
         scale_down_idle_minutes: how long a node stays unneeded before it is removed.
     """
 
@@ -82,7 +82,7 @@ class ClusterAutoscaler(Construct):
         cluster: eks.Cluster,
         cluster_name: str,
         chart_version: str,
-        image_tag: str,
+        kubernetes_version: str,
         scale_down_idle_minutes: int,
     ) -> None:
         super().__init__(scope, id_)
@@ -132,7 +132,7 @@ class ClusterAutoscaler(Construct):
         self.values = chart_values(
             cluster_name=cluster_name,
             region=stack.region,
-            image_tag=image_tag,
+            image_tag=CLUSTER_AUTOSCALER_RELEASES[kubernetes_version],
             scale_down_idle_minutes=scale_down_idle_minutes,
         )
         self.addon = HelmAddon(

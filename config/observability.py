@@ -13,6 +13,8 @@ SCRAPE_INTERVALS = (10, 15, 20, 30, 60)
 # AMP user guide, "Scraper limitations": a managed scraper refuses scrape intervals under 30 s.
 AMP_MIN_SCRAPE_INTERVAL = 30
 WORKSPACE_ARN = re.compile(r"^arn:aws[a-z-]*:aps:[a-z0-9-]+:\d{12}:workspace/ws-[0-9a-f-]+$")
+# The retention periods CloudWatch Logs offers, in days (the ones used here).
+LogRetentionDays = Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365]
 ADDON_VERSION = re.compile(r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")
 
 
@@ -37,7 +39,7 @@ class ObservabilityConfig(BaseModel):
             f"(with backend amp at least {AMP_MIN_SCRAPE_INTERVAL}: managed scrapers refuse shorter intervals)."
         ),
     )
-    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
+    log_retention_days: LogRetentionDays = Field(
         default=30,
         description=(
             "Days to keep the log group this backend writes to (the agent's Prometheus EMF events, "

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from config import catalog, versions
 from cdk_constructs.kuberay_rules import MAX_RAY_SERVICE_NAME_LENGTH, is_dns1035_label
-from config.observability import ADDON_VERSION, AMP_MIN_SCRAPE_INTERVAL, ObservabilityConfig
+from config.observability import ADDON_VERSION, AMP_MIN_SCRAPE_INTERVAL, LogRetentionDays, ObservabilityConfig
 from serve_app.spec import PHASES, ServingSpec
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -96,7 +96,7 @@ class NetworkConfig(StrictModel):
         ),
         default_factory=lambda: ["ecr.api", "ecr.dkr"],
     )
-    flow_log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
+    flow_log_retention_days: LogRetentionDays = Field(
         description="Days to keep VPC flow logs (one of the periods CloudWatch Logs accepts).",
         default=30,
     )
@@ -322,7 +322,7 @@ class ClusterConfig(StrictModel):
             "person's later deploy moves that grant to them: list lasting admins in admin_principals."
         ),
     )
-    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 180, 365] = Field(
+    log_retention_days: LogRetentionDays = Field(
         default=30,
         description=(
             "Days to keep the EKS control-plane logs and the logs of the stack's own Lambda functions "
@@ -816,6 +816,12 @@ class AppConfig(StrictModel):
     @property
     def mirror_bucket(self) -> str:
         return self.model_mirror.bucket_name or f"{self.name}-models-{self.aws.account}-{self.aws.region}"
+
+    @property
+    def mirror_kept_on_destroy(self) -> bool:
+        """model_mirror.keep_on_destroy, or, when unset, whether this is a production environment."""
+        keep = self.model_mirror.keep_on_destroy
+        return self.production if keep is None else keep
 
     @model_validator(mode="after")
     def _surge_needs_ray_2_60(self) -> AppConfig:

@@ -17,7 +17,6 @@ from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.schema import AppConfig, DeployFacts
-from config.versions import CLUSTER_AUTOSCALER_RELEASES
 
 
 class PdServingStack(Stack):
@@ -96,7 +95,7 @@ class PdServingStack(Stack):
             cluster=cluster,
             cluster_name=config.cluster_name,
             chart_version=charts.cluster_autoscaler,
-            image_tag=CLUSTER_AUTOSCALER_RELEASES[cluster_config.kubernetes_version],
+            kubernetes_version=cluster_config.kubernetes_version,
             scale_down_idle_minutes=cluster_config.autoscaling.scale_down_idle_minutes,
         )
         nodegroups = (system.nodegroup, *(g.nodegroup for g in gpu_groups.values()))
@@ -110,14 +109,13 @@ class PdServingStack(Stack):
         serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
         mirror = None
         if config.model_mirror.enabled:
-            keep = config.model_mirror.keep_on_destroy
             mirror = ModelMirror(
                 self,
                 "ModelMirror",
                 cluster=cluster,
                 bucket_name=config.mirror_bucket,
                 namespace=config.ray_service.namespace,
-                keep_on_destroy=config.production if keep is None else keep,
+                keep_on_destroy=config.mirror_kept_on_destroy,
                 namespace_manifest=serving.namespace,
                 token_secret=config.serving.model.hf_token_secret,
             )
