@@ -21,15 +21,20 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from cdk_constructs.addons import HelmAddon
+from cdk_constructs.hf_token_mount import (  # noqa: F401  (re-exported: the pod side lives there)
+    CSI_DRIVER,
+    FILE_NAME,
+    MOUNT_PATH,
+    PROVIDER_CLASS,
+    TOKEN_PATH,
+    VOLUME,
+    container_env,
+    container_mount,
+    pod_volume,
+)
 from config.versions import SECRETS_STORE_CSI_DRIVER, SECRETS_STORE_CSI_PROVIDER_AWS
 
 NAMESPACE = "kube-system"
-PROVIDER_CLASS = "hf-token"
-VOLUME = "hf-token"
-MOUNT_PATH = "/var/run/secrets/huggingface"
-FILE_NAME = "token"
-TOKEN_PATH = f"{MOUNT_PATH}/{FILE_NAME}"
-CSI_DRIVER = "secrets-store.csi.k8s.io"
 ROTATION_POLL_INTERVAL = "3600s"
 # Every node that runs Ray pods: the system nodes (head) and the tainted GPU nodes (workers).
 EVERYWHERE = [{"operator": "Exists"}]
@@ -54,21 +59,6 @@ def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[s
             "parameters": {"objects": yaml.safe_dump(objects, sort_keys=False), "usePodIdentity": "true", "region": region},
         },
     }
-
-
-def pod_volume() -> dict[str, Any]:
-    return {
-        "name": VOLUME,
-        "csi": {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS}},
-    }
-
-
-def container_mount() -> dict[str, Any]:
-    return {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}
-
-
-def container_env() -> dict[str, str]:
-    return {"name": "HF_TOKEN_PATH", "value": TOKEN_PATH}
 
 
 def driver_values() -> dict[str, Any]:

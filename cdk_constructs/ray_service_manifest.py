@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from cdk_constructs import hf_token
+from cdk_constructs import hf_token_mount
 from cdk_constructs.node_groups import EFA_TAINT_KEY, GPU_TAINT_KEY, PHASE_LABEL, ROLE_LABEL
 from config import catalog
 from config.schema import AppConfig
@@ -208,10 +208,10 @@ def owned_serve_service(config: AppConfig) -> dict[str, Any] | None:
 def mount_hf_token(group: dict[str, Any]) -> None:
     """The gated model's token as a file in the group's pods, named by HF_TOKEN_PATH (no value in env)."""
     pod = group["template"]["spec"]
-    pod.setdefault("volumes", []).append(hf_token.pod_volume())
+    pod.setdefault("volumes", []).append(hf_token_mount.pod_volume())
     container = pod["containers"][0]
-    container.setdefault("volumeMounts", []).append(hf_token.container_mount())
-    container.setdefault("env", []).append(hf_token.container_env())
+    container.setdefault("volumeMounts", []).append(hf_token_mount.container_mount())
+    container.setdefault("env", []).append(hf_token_mount.container_env())
 
 
 def serving_revision(serve_config_v2: str) -> str:

@@ -9,18 +9,15 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from cdk_constructs.hf_token_mount import TOKEN_PATH, container_mount, pod_volume
 from config.schema import AppConfig
 from config.versions import MIRROR_JOB_IMAGE, MIRROR_JOB_PACKAGES
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "job.py"
 SERVICE_ACCOUNT = "model-mirror"
-# Kept equal to cdk_constructs.hf_token (a test compares them).
-TOKEN_VOLUME = {
-    "name": "hf-token",
-    "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True, "volumeAttributes": {"secretProviderClass": "hf-token"}},
-}
-TOKEN_MOUNT = {"name": "hf-token", "mountPath": "/var/run/secrets/huggingface", "readOnly": True}
-TOKEN_PATH = "/var/run/secrets/huggingface/token"
+# The Ray pods' token volume, mount and path: the same SecretProviderClass serves the Job.
+TOKEN_VOLUME = pod_volume()
+TOKEN_MOUNT = container_mount()
 
 
 def job_name(config: AppConfig) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from cdk_constructs.hf_token_mount import CSI_DRIVER
 from local.metrics import (
     settled,
     Sample,
@@ -67,7 +68,7 @@ SERVE_STARTS = "grep -h 'started successfully' /tmp/ray/session_latest/logs/serv
 _STARTED = re.compile(r"^\w+ (\S+ \S+) .*Replica\(id='([^']+)', deployment='([^']+)'.*started successfully.*after ([0-9.]+)s")
 # Kept equal to cdk_constructs.hf_token (a test compares them). The script prints one word, never
 # the token: whether the file HF_TOKEN_PATH names exists and is not empty.
-HF_TOKEN_DRIVER = "secrets-store.csi.k8s.io"
+HF_TOKEN_DRIVER = CSI_DRIVER
 HF_TOKEN_PROBE = 'if [ -s "$HF_TOKEN_PATH" ]; then echo present; elif [ -e "$HF_TOKEN_PATH" ]; then echo empty; else echo missing; fi'
 # The chart is installed with fullnameOverride=cluster-autoscaler; its status ConfigMap has the
 # autoscaler's default name (--status-config-map-name).
