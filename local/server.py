@@ -142,29 +142,23 @@ def sweep_leftovers() -> None:
 # --- start-up and readiness ----------------------------------------------------------------------
 
 
-def loopback_s3(args: argparse.Namespace, stack: ExitStack):
+def loopback_s3(stack: ExitStack, asset_config=None):
     """One S3-compatible server on loopback for whatever the run takes from S3 (code, weights), in
-    the code asset's region; this process and the Ray processes it starts are pointed at it."""
+    the code asset's region (``asset_config``); this process and the Ray processes it starts are
+    pointed at it."""
     from local.code_asset import LocalS3
 
-    region = "us-east-2"
-    if args.code_from_asset:
-        from config.loader import load_config
-
-        region = load_config(args.code_from_asset).aws.region
-    s3 = stack.enter_context(LocalS3(region=region))
+    s3 = stack.enter_context(LocalS3(region=asset_config.aws.region) if asset_config else LocalS3())
     # The streamer's S3 client (AWS CRT) and its file listing (boto3) read these; moto wants path-style URLs.
     os.environ.update(s3.env, RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
     return s3
 
 
-def published_code(config_path: str, s3) -> str:
-    """Synthesizes ``config_path`` and publishes its assets to the loopback S3 with the CDK CLI;
-    returns the working_dir the RayService would name."""
-    from config.loader import load_config
+def published_code(config_path: str, config, s3) -> str:
+    """Synthesizes ``config_path`` (loaded as ``config``) and publishes its assets to the loopback
+    S3 with the CDK CLI; returns the working_dir the RayService would name."""
     from local.code_asset import bootstrap, publish_assets, synthesize, working_dir
 
-    config = load_config(config_path)
     outdir = RUN_DIR / "asset-cdk.out"
     synthesize(Path(config_path).resolve(), outdir)
     bootstrap(s3, config.aws.account)
@@ -212,12 +206,12 @@ def first_error_line(deployment: str) -> str | None:
     candidates = sorted((logs / "serve").glob(f"replica_*_{deployment.replace('/', '_')}_*.log"))
     for out in logs.glob("worker-*.out"):
         try:
-            head = out.read_text(errors="replace")[:400]
+            with open(out, errors="replace") as log:
+                head = log.read(400)
         except OSError:
             continue
         if "ServeReplica:" in head and f":{deployment}" in head:
             candidates.append(out.with_suffix(".err"))
-    first = None
     for path in candidates:
         try:
             lines = path.read_text(errors="replace").splitlines()
@@ -225,8 +219,8 @@ def first_error_line(deployment: str) -> str | None:
             continue
         hits = [line.strip() for line in lines if pattern.search(line) and "Traceback" not in line]
         if hits:
-            first = first or hits[0][:300]
-    return first
+            return hits[0][:300]
+    return None
 
 
 def unhealthy_deployments(app_name: str) -> tuple[list[str], list[str]]:
@@ -425,11 +419,16 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
     from serve_app.app import build_app
 
     ensure_tiny_model(spec.model.source)
-    s3 = loopback_s3(args, resources) if (args.code_from_asset or args.model_from_s3) else None
+    asset_config = None
+    if args.code_from_asset:
+        from config.loader import load_config
+
+        asset_config = load_config(args.code_from_asset)
+    s3 = loopback_s3(resources, asset_config) if (asset_config or args.model_from_s3) else None
     if args.model_from_s3:
         spec = streamed_model(spec, s3)
     try:
-        code_url = published_code(args.code_from_asset, s3) if args.code_from_asset else None
+        code_url = published_code(args.code_from_asset, asset_config, s3) if asset_config else None
     except RuntimeError as exc:  # synth or publish failed: say which, without a traceback
         raise StartupFailure(f"the code asset of {args.code_from_asset} could not be prepared: {exc}") from None
     # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
