@@ -127,6 +127,11 @@ def on_demand_quota(instance_type: str) -> OnDemandQuota:
     return ON_DEMAND_QUOTAS["Standard"]
 
 
+def replicas_per_node(instance_type: str, tensor_parallel_size: int, gpu_fraction: float) -> int:
+    """How many engine replicas of that parallelism and GPU share fit on one node of the type."""
+    return int(INSTANCES[instance_type].gpu_count / (tensor_parallel_size * gpu_fraction))
+
+
 def known_instance_types(*, gpu: bool | None = None) -> list[str]:
     """Instance types in the table, optionally only those with (or without) GPUs."""
     return sorted(

@@ -883,8 +883,7 @@ class AppConfig(StrictModel):
                         "GPUDirect RDMA; set buffer_device: cpu (KV staged in host memory)"
                     )
             capacity = sum(
-                g.max_size
-                * int(catalog.INSTANCES[g.instance_type].gpu_count / (spec.tensor_parallel_size * spec.gpu_fraction))
+                g.max_size * catalog.replicas_per_node(g.instance_type, spec.tensor_parallel_size, spec.gpu_fraction)
                 for g in nodes
             )
             if spec.max_replicas > capacity:

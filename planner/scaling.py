@@ -71,8 +71,7 @@ class ScalingPlan:
 
 
 def replicas_per_node(group: GpuNodeGroupConfig, spec: PhaseSpec) -> int:
-    gpus = catalog.INSTANCES[group.instance_type].gpu_count
-    return max(1, int(gpus / (spec.tensor_parallel_size * spec.gpu_fraction)))
+    return max(1, catalog.replicas_per_node(group.instance_type, spec.tensor_parallel_size, spec.gpu_fraction))
 
 
 def _group_scaling(config: AppConfig, phase: str, spec: PhaseSpec) -> GroupScaling:
