@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,25 @@ def openai_client(server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+
+
+def unique_prompt(tag: str, length: int = 100) -> str:
+    """A prompt of ``length`` tokens for the tiny model (byte-level: an ASCII character is a token)
+    that no earlier prompt shares a prefix with."""
+    return (f"{tag} {time.time_ns()} " + "the quick brown fox jumps over the lazy dog " * 10)[:length]
+
+
+def wait_for_counters(server, before, deployment, metric, source, at_least, timeout=30):
+    """The server's counters once ``metric`` (``source``) of ``deployment`` grew by ``at_least``
+    since ``before``, or at ``timeout``: Ray exports engine counters on an interval."""
+    from local.metrics import counter_delta
+
+    deadline = time.monotonic() + timeout
+    while True:
+        after = server.counters()
+        if counter_delta(before, after, deployment, metric, source) >= at_least or time.monotonic() > deadline:
+            return after
+        time.sleep(1)
 
 
 def report_measurement(name: str, data: dict) -> None:

@@ -22,7 +22,16 @@ from local.metrics import (
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
-from tests.conftest import CONFIG_DIR, ROOT, measure_one_request, openai_client, report_measurement, serve_locally
+from tests.conftest import (
+    CONFIG_DIR,
+    ROOT,
+    measure_one_request,
+    openai_client,
+    report_measurement,
+    serve_locally,
+    unique_prompt,
+    wait_for_counters,
+)
 
 MODEL = "tiny-llama"
 
@@ -41,24 +50,6 @@ def test_serve_app_came_from_the_published_asset(server):
 @pytest.fixture(scope="module")
 def client(server):
     return openai_client(server)
-
-
-def unique_prompt(tag: str, length: int = 100) -> str:
-    # The tiny model's tokenizer is byte-level: an ASCII prompt of N characters is N tokens.
-    return (f"{tag} {time.time_ns()} " + "the quick brown fox jumps over the lazy dog " * 10)[:length]
-
-
-def counters(server):
-    return server.counters()
-
-
-def wait_for_counters(server, before, deployment, metric, source, at_least, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        after = counters(server)
-        if counter_delta(before, after, deployment, metric, source) >= at_least or time.monotonic() > deadline:
-            return after
-        time.sleep(1)
 
 
 def test_ready_means_a_completion_went_through_both_phases(server, client):
@@ -122,7 +113,7 @@ def test_eight_concurrent_requests_all_succeed(client):
 
 
 def test_decode_reuses_the_kv_cache_that_prefill_computed(server, client):
-    before = counters(server)
+    before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("kv", 120), max_tokens=8, temperature=0)
     prompt_tokens = response.usage.prompt_tokens
     assert prompt_tokens == 120

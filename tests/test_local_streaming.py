@@ -9,12 +9,11 @@ Then a request goes through prefill and decode with its KV over NIXL, as in the 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
-from tests.conftest import openai_client, report_measurement, serve_locally
+from tests.conftest import openai_client, report_measurement, serve_locally, unique_prompt, wait_for_counters
 
 pytest.importorskip("runai_model_streamer_s3", reason="the serving stack (requirements-serve.txt) is not installed")
 MODEL = "tiny-llama"
@@ -44,16 +43,10 @@ def test_the_engines_load_the_weights_from_the_s3_uri(server):
 def test_a_request_goes_through_both_phases_with_its_kv(server):
     client = openai_client(server)
     before = server.counters()
-    prompt = f"streamed {time.time_ns()} " + "the quick brown fox jumps over the lazy dog " * 3
-    response = client.completions.create(model=MODEL, prompt=prompt[:120], max_tokens=4, temperature=0)
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("streamed", 120), max_tokens=4, temperature=0)
     assert response.usage.prompt_tokens == 120
-    deadline = time.monotonic() + 30
-    while True:
-        after = server.counters()
-        moved = counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
-        if moved >= 120 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", 120)
+    moved = counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
     assert counter_delta(before, after, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 120
     assert moved == 120
     assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
