@@ -31,7 +31,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy test plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy destroy check test test-unit plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -44,6 +44,8 @@ help:
 	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
 	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
+	@echo "make check                                    lint, format check, types, import contracts"
+	@echo "make test-unit                                fast tests: no serving stack, no live server"
 	@echo "make test                                     install everything and run every test"
 
 $(VENV)/.runtime: requirements.txt
@@ -84,8 +86,19 @@ destroy: $(VENV)/.runtime node_modules/.installed
 plan: $(VENV)/.runtime
 	$(PY) -m cli.plan $(CONFIG)
 
+# The one quality gate, run the same way here and in CI.
+check: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
 test: $(VENV)/.serve node_modules/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything that needs neither Ray and vLLM nor a live local server.
+test-unit: $(VENV)/.dev node_modules/.installed
+	$(PY) -m pytest -m "not live and not serving" $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
 local: $(VENV)/.serve node_modules/.installed

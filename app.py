@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """CDK entry point: the only place that reads the environment name, a config path or context.
 
-    cdk synth -c env=prod            # config/prod.yaml
-    cdk synth -c config=my.yaml      # any config file
-    cdk deploy -c deploy_facts=F     # what `make deploy` resolved at deploy time (cli.deploy_guard)
+cdk synth -c env=prod            # config/prod.yaml
+cdk synth -c config=my.yaml      # any config file
+cdk deploy -c deploy_facts=F     # what `make deploy` resolved at deploy time (cli.deploy_guard)
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import aws_cdk as cdk
 
-from cdk_constructs.kuberay_rules import KUBERAY_VERSION, KubeRayRejection
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import ConfigError, config_path_for, describe_validation_error, load_config
 from config.schema import DeployFacts
+from kuberay import MIRRORED_VERSION, KubeRayRejection
 from planner import PlanningError
 from planner.from_config import plan_config
 from stacks.pd_serving_stack import PdServingStack
@@ -62,9 +62,7 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         # A construct's creation trace from Python ends in jsii's bundled JavaScript, not in this
         # code; the CDK CLI would print one such frame above every warning.
         stack_traces=False,
-        context=availability_zone_context(
-            config.aws.account, config.aws.region, config.network.availability_zones
-        ),
+        context=availability_zone_context(config.aws.account, config.aws.region, config.network.availability_zones),
     )
     try:
         stack = PdServingStack(
@@ -77,7 +75,7 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         )
     except KubeRayRejection as exc:
         raise ConfigError(
-            config_path, [f"KubeRay {KUBERAY_VERSION}'s controller would refuse the RayService: {exc}"]
+            config_path, [f"KubeRay {MIRRORED_VERSION}'s controller would refuse the RayService: {exc}"]
         ) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():

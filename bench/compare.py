@@ -30,6 +30,7 @@ from bench.run import (
     workload_named,
     write_report,
 )
+from cli.args import ArgumentParser
 
 
 def ratio(a: float, b: float) -> str:
@@ -55,8 +56,7 @@ def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
             ratio(pd.goodput, co.goodput),
         ]
         cells += [
-            ratio(pd.latency_ms[f"p{p}_{m}"], co.latency_ms[f"p{p}_{m}"])
-            for m in LATENCY_METRICS for p in PERCENTILES
+            ratio(pd.latency_ms[f"p{p}_{m}"], co.latency_ms[f"p{p}_{m}"]) for m in LATENCY_METRICS for p in PERCENTILES
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -81,8 +81,13 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
         rows = run_workload(url=server.base_url, **kwargs)
-        ttft = probe_ttft(server.base_url, kwargs["model"], kwargs["tokenizer"],
-                          metrics_url=server.status["metrics_url"], replicas=server.replicas)
+        ttft = probe_ttft(
+            server.base_url,
+            kwargs["model"],
+            kwargs["tokenizer"],
+            metrics_url=server.status["metrics_url"],
+            replicas=server.replicas,
+        )
         return rows, ttft
     finally:
         server.stop()
@@ -93,19 +98,31 @@ def ttft_sections(pd, colocated) -> str:
     from bench.ttft import ttft_table, where_it_goes, where_table
 
     (pd_results, pd_where), (co_results, co_where) = pd, colocated
-    out = "\n## Time to first token (unique prompts, one at a time)\n\n" + ttft_table(
-        {"disaggregated": pd_results, "colocated": co_results}
-    ) + "\n"
+    out = (
+        "\n## Time to first token (unique prompts, one at a time)\n\n"
+        + ttft_table({"disaggregated": pd_results, "colocated": co_results})
+        + "\n"
+    )
     if pd_where:
         out += "\n### Where P/D's first token goes (engines' and Serve's histograms; approximate)\n\n"
         out += where_table(where_it_goes(pd_results, pd_where, "disaggregated")) + "\n"
-        out += "\n### Colocated, for comparison\n\n" + where_table(where_it_goes(co_results, co_where, "colocated")) + "\n"
+        out += (
+            "\n### Colocated, for comparison\n\n" + where_table(where_it_goes(co_results, co_where, "colocated")) + "\n"
+        )
     return out
 
 
-def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
-            pd_url: str | None = None, colocated_url: str | None = None, local: bool = False,
-            spec: Path | None = None) -> str:
+def compare(
+    *,
+    workload_name: str,
+    model: str,
+    tokenizer: str,
+    out_dir: Path,
+    pd_url: str | None = None,
+    colocated_url: str | None = None,
+    local: bool = False,
+    spec: Path | None = None,
+) -> str:
     workload = workload_named(workload_name)
     common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
     if local:
@@ -120,29 +137,46 @@ def compare(*, workload_name: str, model: str, tokenizer: str, out_dir: Path,
     ttft = ttft_sections(pd_ttft, co_ttft)
     plot(pd_rows + colocated_rows, out_dir / f"{workload.name}-compare.png", f"{workload.name}: P/D vs colocated")
     write_report(
-        pd_rows + colocated_rows, out_dir, workload,
+        pd_rows + colocated_rows,
+        out_dir,
+        workload,
         extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n{ttft}",
     )
     return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pd-url")
-    parser.add_argument("--colocated-url")
+    parser = ArgumentParser(
+        prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pd-url", help="OpenAI base URL of the disaggregated (P/D) deployment")
+    parser.add_argument("--colocated-url", help="OpenAI base URL of the colocated deployment")
     parser.add_argument("--local", action="store_true", help="start the local servers in turn")
     parser.add_argument("--spec", default=None, help="serving spec of the local servers (default config/local.yaml)")
-    parser.add_argument("--workload", default="long-prompt")
-    parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--tokenizer", default=default_tokenizer())
-    parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--workload",
+        default="long-prompt",
+        help="preset in bench/workloads.yaml: chat, long-prompt, tiny (default: long-prompt)",
+    )
+    parser.add_argument("--model", default="tiny-llama", help="model id served at both URLs (default: tiny-llama)")
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
+    parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     if not args.local and not (args.pd_url and args.colocated_url):
         parser.error("give --pd-url and --colocated-url, or --local")
     out_dir = Path(args.out) if args.out else dated_dir()
-    print(compare(workload_name=args.workload, model=args.model, tokenizer=args.tokenizer, out_dir=out_dir,
-                  pd_url=args.pd_url, colocated_url=args.colocated_url, local=args.local,
-                  spec=Path(args.spec) if args.spec else None))
+    print(
+        compare(
+            workload_name=args.workload,
+            model=args.model,
+            tokenizer=args.tokenizer,
+            out_dir=out_dir,
+            pd_url=args.pd_url,
+            colocated_url=args.colocated_url,
+            local=args.local,
+            spec=Path(args.spec) if args.spec else None,
+        )
+    )
     print(f"results in {out_dir}")
     return 0
 

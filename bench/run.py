@@ -20,6 +20,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from cli.args import ArgumentParser
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_FILE = Path(__file__).resolve().parent / "workloads.yaml"
 RESULTS_DIR = ROOT / "results"
@@ -63,32 +65,53 @@ def server_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def bench_args(*, url: str, model: str, tokenizer: str, workload: Workload, concurrency: int,
-               out_dir: Path, label: str) -> list[str]:
+def bench_args(
+    *, url: str, model: str, tokenizer: str, workload: Workload, concurrency: int, out_dir: Path, label: str
+) -> list[str]:
     slo = workload.slo
     return [
-        "--backend", "openai",
-        "--base-url", server_root(url),
-        "--endpoint", "/v1/completions",
-        "--model", model,
-        "--tokenizer", tokenizer,
-        "--dataset-name", "random",
-        "--random-input-len", str(workload.input_len),
-        "--random-output-len", str(workload.output_len),
-        "--random-range-ratio", str(workload.range_ratio),
-        "--num-prompts", str(workload.num_prompts),
-        "--max-concurrency", str(concurrency),
-        "--request-rate", "inf",
+        "--backend",
+        "openai",
+        "--base-url",
+        server_root(url),
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(workload.input_len),
+        "--random-output-len",
+        str(workload.output_len),
+        "--random-range-ratio",
+        str(workload.range_ratio),
+        "--num-prompts",
+        str(workload.num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
         "--ignore-eos",
-        "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
-        "--goodput", f"ttft:{slo.ttft_ms}", f"tpot:{slo.tpot_ms}",
-        "--label", label,
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        ",".join(str(p) for p in PERCENTILES),
+        "--goodput",
+        f"ttft:{slo.ttft_ms}",
+        f"tpot:{slo.tpot_ms}",
+        "--label",
+        label,
         "--save-result",
-        "--result-dir", str(out_dir),
-        "--result-filename", f"{label}-{workload.name}-c{concurrency}.json",
+        "--result-dir",
+        str(out_dir),
+        "--result-filename",
+        f"{label}-{workload.name}-c{concurrency}.json",
         "--disable-tqdm",
-        "--seed", "0",
+        "--seed",
+        "0",
     ]
 
 
@@ -114,9 +137,7 @@ class Row:
 
 
 def row_from_result(label: str, concurrency: int, result: dict) -> Row:
-    latency = {
-        f"p{p}_{m}": float(result.get(f"p{p}_{m}_ms") or 0.0) for m in LATENCY_METRICS for p in PERCENTILES
-    }
+    latency = {f"p{p}_{m}": float(result.get(f"p{p}_{m}_ms") or 0.0) for m in LATENCY_METRICS for p in PERCENTILES}
     return Row(
         label=label,
         concurrency=concurrency,
@@ -129,14 +150,22 @@ def row_from_result(label: str, concurrency: int, result: dict) -> Row:
     )
 
 
-def run_workload(*, url: str, model: str, tokenizer: str, workload: Workload, out_dir: Path,
-                 label: str) -> list[Row]:
+def run_workload(*, url: str, model: str, tokenizer: str, workload: Workload, out_dir: Path, label: str) -> list[Row]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for concurrency in workload.concurrency:
         print(f"[bench] {label}: {workload.name} at concurrency {concurrency}", flush=True)
-        result = run_one(bench_args(url=url, model=model, tokenizer=tokenizer, workload=workload,
-                                    concurrency=concurrency, out_dir=out_dir, label=label))
+        result = run_one(
+            bench_args(
+                url=url,
+                model=model,
+                tokenizer=tokenizer,
+                workload=workload,
+                concurrency=concurrency,
+                out_dir=out_dir,
+                label=label,
+            )
+        )
         rows.append(row_from_result(label, concurrency, result))
     return rows
 
@@ -147,8 +176,15 @@ def table(rows: list[Row]) -> str:
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r.label, str(r.concurrency), str(r.completed), str(r.failed), f"{r.request_throughput:.2f}",
-                 f"{r.output_throughput:.1f}", f"{r.goodput:.2f}"]
+        cells = [
+            r.label,
+            str(r.concurrency),
+            str(r.completed),
+            str(r.failed),
+            f"{r.request_throughput:.2f}",
+            f"{r.output_throughput:.1f}",
+            f"{r.goodput:.2f}",
+        ]
         cells += [f"{r.latency_ms[f'p{p}_{m}']:.1f}" for m in LATENCY_METRICS for p in PERCENTILES]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -164,8 +200,8 @@ def plot(rows: list[Row], path: Path, title: str) -> Path:
     for label in sorted({r.label for r in rows}):
         mine = sorted((r for r in rows if r.label == label), key=lambda r: r.concurrency)
         xs = [r.concurrency for r in mine]
-        for ax, metric in zip(axes, LATENCY_METRICS):
-            for p, style in zip(PERCENTILES, (":", "--", "-")):
+        for ax, metric in zip(axes, LATENCY_METRICS, strict=False):
+            for p, style in zip(PERCENTILES, (":", "--", "-"), strict=False):
                 ax.plot(xs, [r.latency_ms[f"p{p}_{metric}"] for r in mine], style, marker="o", label=f"{label} p{p}")
             ax.set_title(f"{metric.upper()} (ms)")
             ax.set_xlabel("concurrency")
@@ -198,18 +234,23 @@ def default_tokenizer() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--workload", default="chat")
+    parser.add_argument(
+        "--workload", default="chat", help="preset in bench/workloads.yaml: chat, long-prompt, tiny (default: chat)"
+    )
     parser.add_argument("--model", default="tiny-llama", help="model id served at the URL")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
-    parser.add_argument("--label", default="endpoint")
+    parser.add_argument("--label", default="endpoint", help="name of this endpoint in the results (default: endpoint)")
     parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     workload = workload_named(args.workload)
     out_dir = Path(args.out) if args.out else dated_dir()
-    rows = run_workload(url=args.url, model=args.model, tokenizer=args.tokenizer, workload=workload,
-                        out_dir=out_dir, label=args.label)
+    rows = run_workload(
+        url=args.url, model=args.model, tokenizer=args.tokenizer, workload=workload, out_dir=out_dir, label=args.label
+    )
     plot(rows, out_dir / f"{workload.name}.png", f"{workload.name} at {args.url}")
     report = write_report(rows, out_dir, workload)
     print(report.read_text())

@@ -102,8 +102,16 @@ def means_ms(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
-def measure(base_url: str, model: str, *, tokenizer=None, warmups: int = 3, runs: int = 10,
-            metrics_url: str | None = None, replicas=None) -> tuple[list[SizeResult], dict[str, dict[str, float]]]:
+def measure(
+    base_url: str,
+    model: str,
+    *,
+    tokenizer=None,
+    warmups: int = 3,
+    runs: int = 10,
+    metrics_url: str | None = None,
+    replicas=None,
+) -> tuple[list[SizeResult], dict[str, dict[str, float]]]:
     """TTFT per prompt size, and (with ``metrics_url``) the histogram means per size."""
     import openai
 
@@ -126,20 +134,28 @@ def measure(base_url: str, model: str, *, tokenizer=None, warmups: int = 3, runs
 def ttft_table(rows: dict[str, list[SizeResult]]) -> str:
     """TTFT p50/p90 per mode and size, and P/D minus colocated when both were measured."""
     sizes = [r.name for r in next(iter(rows.values()))]
-    header = ["mode"] + [f"{s} ({r.tokens} tok) p50 / p90 ms" for s, r in zip(sizes, next(iter(rows.values())))]
+    header = ["mode"] + [
+        f"{s} ({r.tokens} tok) p50 / p90 ms" for s, r in zip(sizes, next(iter(rows.values())), strict=False)
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for mode, results in rows.items():
-        lines.append("| " + " | ".join([mode] + [f"{r.percentile(50) * 1e3:.0f} / {r.percentile(90) * 1e3:.0f}" for r in results]) + " |")
+        lines.append(
+            "| "
+            + " | ".join([mode] + [f"{r.percentile(50) * 1e3:.0f} / {r.percentile(90) * 1e3:.0f}" for r in results])
+            + " |"
+        )
     if {"disaggregated", "colocated"} <= set(rows):
         gaps = [
             f"{(pd.percentile(50) - co.percentile(50)) * 1e3:+.0f} / {(pd.percentile(90) - co.percentile(90)) * 1e3:+.0f}"
-            for pd, co in zip(rows["disaggregated"], rows["colocated"])
+            for pd, co in zip(rows["disaggregated"], rows["colocated"], strict=False)
         ]
         lines.append("| " + " | ".join(["P/D − colocated"] + gaps) + " |")
     return "\n".join(lines)
 
 
-def where_it_goes(results: list[SizeResult], where: dict[str, dict[str, float]], mode: str) -> dict[str, dict[str, float]]:
+def where_it_goes(
+    results: list[SizeResult], where: dict[str, dict[str, float]], mode: str
+) -> dict[str, dict[str, float]]:
     """Mean ms per request, per size: each engine's own TTFT (from its arrival to its first token), the
     KV transfer inside decode's, and what is left of the client's TTFT outside the engines (Serve's
     hops, tokenizing, stream batching, HTTP)."""
@@ -158,7 +174,11 @@ def where_it_goes(results: list[SizeResult], where: dict[str, dict[str, float]],
             }
         else:
             engine = steps.get("LLMServer ttft", 0.0)
-            row = {"client TTFT": client, "engine (queue + prefill)": engine, "outside the engine (tokenizing, batching, HTTP)": client - engine}
+            row = {
+                "client TTFT": client,
+                "engine (queue + prefill)": engine,
+                "outside the engine (tokenizing, batching, HTTP)": client - engine,
+            }
         rows[result.name] = row
     return rows
 

@@ -12,20 +12,22 @@ from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.node_groups import EFA_TAINT_KEY, GPU_TAINT_KEY, ROLE_LABEL
 from config.versions import (
     EFA_DEVICE_PLUGIN,
     KUBERAY_OPERATOR,
     NVIDIA_DEVICE_PLUGIN,
     HelmChartPin,
 )
-
-GPU_NODE_TOLERATIONS = [
-    {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
-    {"key": EFA_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
-]
-GPU_NODE_SELECTOR = {ROLE_LABEL: "gpu"}
-SYSTEM_NODE_SELECTOR = {ROLE_LABEL: "system"}
+from manifests.contract import (
+    EFA_DEVICE_PLUGIN_RELEASE,
+    GPU_NODE_SELECTOR,
+    KUBE_SYSTEM,
+    KUBERAY_NAMESPACE,
+    KUBERAY_RELEASE,
+    NVIDIA_DEVICE_PLUGIN_RELEASE,
+    SYSTEM_NODE_SELECTOR,
+    gpu_tolerations,
+)
 
 
 class HelmAddon(Construct):
@@ -66,7 +68,7 @@ class HelmAddon(Construct):
             namespace=namespace,
             release=release,
             values=values,
-            create_namespace=namespace != "kube-system",
+            create_namespace=namespace != KUBE_SYSTEM,
             timeout=Duration.minutes(10),
         )
 
@@ -79,9 +81,9 @@ def nvidia_device_plugin(scope: Construct, *, cluster: eks.Cluster, version: str
         cluster=cluster,
         pin=NVIDIA_DEVICE_PLUGIN,
         version=version,
-        namespace="kube-system",
-        release="nvidia-device-plugin",
-        values={"nodeSelector": GPU_NODE_SELECTOR, "tolerations": GPU_NODE_TOLERATIONS},
+        namespace=KUBE_SYSTEM,
+        release=NVIDIA_DEVICE_PLUGIN_RELEASE,
+        values={"nodeSelector": GPU_NODE_SELECTOR, "tolerations": gpu_tolerations()},
     )
 
 
@@ -94,9 +96,9 @@ def efa_device_plugin(scope: Construct, *, cluster: eks.Cluster, version: str) -
         cluster=cluster,
         pin=EFA_DEVICE_PLUGIN,
         version=version,
-        namespace="kube-system",
-        release="aws-efa-k8s-device-plugin",
-        values={"nodeSelector": GPU_NODE_SELECTOR, "tolerations": GPU_NODE_TOLERATIONS},
+        namespace=KUBE_SYSTEM,
+        release=EFA_DEVICE_PLUGIN_RELEASE,
+        values={"nodeSelector": GPU_NODE_SELECTOR, "tolerations": gpu_tolerations()},
     )
 
 
@@ -108,7 +110,7 @@ def kuberay_operator(scope: Construct, *, cluster: eks.Cluster, version: str) ->
         cluster=cluster,
         pin=KUBERAY_OPERATOR,
         version=version,
-        namespace="kuberay-system",
-        release="kuberay-operator",
+        namespace=KUBERAY_NAMESPACE,
+        release=KUBERAY_RELEASE,
         values={"nodeSelector": SYSTEM_NODE_SELECTOR},
     )

@@ -19,12 +19,12 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from cdk_constructs.addons import HelmAddon, SYSTEM_NODE_SELECTOR
+from cdk_constructs.addons import HelmAddon
 from cdk_constructs.policy import acknowledge
-from config.versions import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_IMAGE, CLUSTER_AUTOSCALER_RELEASES
+from config.versions import CLUSTER_AUTOSCALER, CLUSTER_AUTOSCALER_RELEASES
+from manifests.autoscaler import chart_values
+from manifests.contract import AUTOSCALER_NAMESPACE, AUTOSCALER_RELEASE, AUTOSCALER_SERVICE_ACCOUNT
 
-NAMESPACE = "kube-system"
-SERVICE_ACCOUNT = "cluster-autoscaler"
 # Reads that AWS does not scope by resource (Auto Scaling and EC2 Describe* take Resource "*").
 DESCRIBE_ACTIONS = (
     "autoscaling:DescribeAutoScalingGroups",
@@ -37,30 +37,6 @@ DESCRIBE_ACTIONS = (
     "ec2:GetInstanceTypesFromInstanceRequirements",
 )
 SCALING_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
-
-
-def chart_values(*, cluster_name: str, region: str, image_tag: str, scale_down_idle_minutes: int) -> dict:
-    """Values of the cluster-autoscaler chart (9.59.0 keys)."""
-    return {
-        # Named plainly (not <release>-aws-cluster-autoscaler), so `make verify` finds it.
-        "fullnameOverride": "cluster-autoscaler",
-        "cloudProvider": "aws",
-        "awsRegion": region,
-        "autoDiscovery": {"clusterName": cluster_name},
-        "image": {"repository": CLUSTER_AUTOSCALER_IMAGE, "tag": image_tag},
-        # The service account is created by the stack with its Pod Identity association.
-        "rbac": {"serviceAccount": {"create": False, "name": SERVICE_ACCOUNT}},
-        "nodeSelector": SYSTEM_NODE_SELECTOR,
-        "extraArgs": {
-            "expander": "least-waste",
-            # Prefill and decode groups look alike to the autoscaler; they must never be balanced.
-            "balance-similar-node-groups": "false",
-            "scale-down-unneeded-time": f"{scale_down_idle_minutes}m",
-            "scale-down-delay-after-add": f"{scale_down_idle_minutes}m",
-            # DaemonSets (device plugins, CNI) run on every node; they must not keep a GPU node alive.
-            "skip-nodes-with-system-pods": "false",
-        },
-    }
 
 
 class ClusterAutoscaler(Construct):
@@ -88,7 +64,9 @@ class ClusterAutoscaler(Construct):
         super().__init__(scope, id_)
         stack = Stack.of(self)
         self.service_account = cluster.add_service_account(
-            "ClusterAutoscalerServiceAccount", name=SERVICE_ACCOUNT, namespace=NAMESPACE,
+            "ClusterAutoscalerServiceAccount",
+            name=AUTOSCALER_SERVICE_ACCOUNT,
+            namespace=AUTOSCALER_NAMESPACE,
             identity_type=eks.IdentityType.POD_IDENTITY,
         )
         self.statements = [
@@ -141,8 +119,8 @@ class ClusterAutoscaler(Construct):
             cluster=cluster,
             pin=CLUSTER_AUTOSCALER,
             version=chart_version,
-            namespace=NAMESPACE,
-            release="cluster-autoscaler",
+            namespace=AUTOSCALER_NAMESPACE,
+            release=AUTOSCALER_RELEASE,
             values=self.values,
         )
         self.addon.node.add_dependency(self.service_account)

@@ -131,9 +131,7 @@ class EksCluster(Construct):
                 kubectl_layer=kubectl_layer(self, config.kubernetes_version)
             ),
             alb_controller=(
-                eks.AlbControllerOptions(
-                    version=getattr(eks.AlbControllerVersion, AWS_LOAD_BALANCER_CONTROLLER)
-                )
+                eks.AlbControllerOptions(version=getattr(eks.AlbControllerVersion, AWS_LOAD_BALANCER_CONTROLLER))
                 if load_balancer_controller
                 else None
             ),
@@ -156,7 +154,11 @@ class EksCluster(Construct):
         self.addon_versions = dict(config.addon_versions)
         self.addons = {
             name: eks.Addon(
-                self, _addon_id(name), addon_name=name, cluster=self.cluster, addon_version=self.addon_versions.get(name)
+                self,
+                _addon_id(name),
+                addon_name=name,
+                cluster=self.cluster,
+                addon_version=self.addon_versions.get(name),
             )
             for name in NODE_INDEPENDENT_ADDONS
         }
@@ -215,7 +217,11 @@ class EksCluster(Construct):
     def add_coredns_after(self, node_group: Construct) -> eks.Addon:
         """coredns stays DEGRADED (and its stack update fails) until a node can run it."""
         coredns = eks.Addon(
-            self, "CoreDns", addon_name="coredns", cluster=self.cluster, addon_version=self.addon_versions.get("coredns")
+            self,
+            "CoreDns",
+            addon_name="coredns",
+            cluster=self.cluster,
+            addon_version=self.addon_versions.get("coredns"),
         )
         coredns.node.add_dependency(node_group)
         self.addons["coredns"] = coredns

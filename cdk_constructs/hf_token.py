@@ -12,32 +12,15 @@ install it); AWS access is the mounting pod's.
 
 from __future__ import annotations
 
-from typing import Any
-
-import yaml
 from aws_cdk import Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from cdk_constructs.addons import HelmAddon
-from cdk_constructs.hf_token_mount import (  # noqa: F401  (re-exported: the pod side lives there)
-    CSI_DRIVER,
-    FILE_NAME,
-    MOUNT_PATH,
-    PROVIDER_CLASS,
-    TOKEN_PATH,
-    VOLUME,
-    container_env,
-    container_mount,
-    pod_volume,
-)
 from config.versions import SECRETS_STORE_CSI_DRIVER, SECRETS_STORE_CSI_PROVIDER_AWS
-
-NAMESPACE = "kube-system"
-ROTATION_POLL_INTERVAL = "3600s"
-# Every node that runs Ray pods: the system nodes (head) and the tainted GPU nodes (workers).
-EVERYWHERE = [{"operator": "Exists"}]
+from manifests.contract import CSI_DRIVER_RELEASE, CSI_NAMESPACE, CSI_PROVIDER_RELEASE
+from manifests.hf_token import driver_values, provider_values, secret_provider_class
 
 
 def imported_secret(scope: Construct, id_: str, name_or_arn: str) -> secretsmanager.ISecret:
@@ -45,40 +28,6 @@ def imported_secret(scope: Construct, id_: str, name_or_arn: str) -> secretsmana
     if name_or_arn.startswith("arn:"):
         return secretsmanager.Secret.from_secret_complete_arn(scope, id_, name_or_arn)
     return secretsmanager.Secret.from_secret_name_v2(scope, id_, name_or_arn)
-
-
-def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
-    """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
-    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
-    return {
-        "apiVersion": "secrets-store.csi.x-k8s.io/v1",
-        "kind": "SecretProviderClass",
-        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
-        "spec": {
-            "provider": "aws",
-            "parameters": {"objects": yaml.safe_dump(objects, sort_keys=False), "usePodIdentity": "true", "region": region},
-        },
-    }
-
-
-def driver_values() -> dict[str, Any]:
-    return {
-        "linux": {"tolerations": EVERYWHERE},
-        # Pod Identity: the provider exchanges a token of this audience for the pod's role.
-        "tokenRequests": [{"audience": "sts.amazonaws.com"}, {"audience": "pods.eks.amazonaws.com"}],
-        "enableSecretRotation": True,
-        "rotationPollInterval": ROTATION_POLL_INTERVAL,
-    }
-
-
-def provider_values(region: str) -> dict[str, Any]:
-    return {
-        # The driver is installed (and pinned) on its own.
-        "secrets-store-csi-driver": {"install": False},
-        # Its default tolerates nothing: on the tainted GPU nodes the mount would fail.
-        "tolerations": EVERYWHERE,
-        "awsRegion": region,
-    }
 
 
 class HuggingFaceToken(Construct):
@@ -108,12 +57,24 @@ class HuggingFaceToken(Construct):
         super().__init__(scope, id_)
         region = Stack.of(self).region
         self.driver = HelmAddon(
-            self, "Driver", cluster=cluster, pin=SECRETS_STORE_CSI_DRIVER, version=driver_version,
-            namespace=NAMESPACE, release="secrets-store-csi-driver", values=driver_values(),
+            self,
+            "Driver",
+            cluster=cluster,
+            pin=SECRETS_STORE_CSI_DRIVER,
+            version=driver_version,
+            namespace=CSI_NAMESPACE,
+            release=CSI_DRIVER_RELEASE,
+            values=driver_values(),
         )
         self.provider = HelmAddon(
-            self, "Provider", cluster=cluster, pin=SECRETS_STORE_CSI_PROVIDER_AWS, version=provider_version,
-            namespace=NAMESPACE, release="secrets-store-csi-driver-provider-aws", values=provider_values(region),
+            self,
+            "Provider",
+            cluster=cluster,
+            pin=SECRETS_STORE_CSI_PROVIDER_AWS,
+            version=provider_version,
+            namespace=CSI_NAMESPACE,
+            release=CSI_PROVIDER_RELEASE,
+            values=provider_values(region),
         )
         self.provider.node.add_dependency(self.driver)
         self.manifest_body = secret_provider_class(namespace=namespace, secret=secret, region=region)

@@ -17,18 +17,17 @@ from constructs import Construct
 
 from cdk_constructs.hf_token import imported_secret
 from cdk_constructs.policy import acknowledge
-
-MIRROR_SERVICE_ACCOUNT = "model-mirror"
+from manifests.contract import MIRROR_SERVICE_ACCOUNT
 
 
 class ModelMirror(Construct):
     """Args:
-        cluster: the EKS cluster (the mirror Job's service account is created in it).
-        bucket_name: the bucket's name (the config's, so that ``serving.model.source`` can name it).
-        namespace: where the mirror Job runs (the RayService's namespace, beside the token's provider class).
-        keep_on_destroy: keep the bucket and its weights when the stack is destroyed.
-        namespace_manifest: the namespace, which must exist before the service account.
-        token_secret: a gated model's token secret, which the Job mounts with its own role.
+    cluster: the EKS cluster (the mirror Job's service account is created in it).
+    bucket_name: the bucket's name (the config's, so that ``serving.model.source`` can name it).
+    namespace: where the mirror Job runs (the RayService's namespace, beside the token's provider class).
+    keep_on_destroy: keep the bucket and its weights when the stack is destroyed.
+    namespace_manifest: the namespace, which must exist before the service account.
+    token_secret: a gated model's token secret, which the Job mounts with its own role.
     """
 
     def __init__(
@@ -75,8 +74,15 @@ class ModelMirror(Construct):
             "AwsSolutions-IAM5[Action::s3:Abort*]",
             "CDK's grant for writing a bucket; the mirror Job writes this one bucket only.",
         )
-        for finding in ("Action::s3:DeleteObject*", "Action::s3:GetBucket*", "Action::s3:GetObject*", "Action::s3:List*"):
-            acknowledge(self.writer, f"AwsSolutions-IAM5[{finding}]", "CDK's read/write grant on the mirror bucket alone.")
+        for finding in (
+            "Action::s3:DeleteObject*",
+            "Action::s3:GetBucket*",
+            "Action::s3:GetObject*",
+            "Action::s3:List*",
+        ):
+            acknowledge(
+                self.writer, f"AwsSolutions-IAM5[{finding}]", "CDK's read/write grant on the mirror bucket alone."
+            )
         acknowledge(
             self.writer,
             f"AwsSolutions-IAM5[Resource::<{self._logical_id()}.Arn>/*]",

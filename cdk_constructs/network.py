@@ -20,7 +20,6 @@ _INTERFACE_SERVICES = {
 }
 
 
-
 class Network(Construct):
     """A VPC with public subnets (NAT, optional load balancers) and private subnets for nodes.
 
@@ -42,9 +41,7 @@ class Network(Construct):
                 ec2.SubnetConfiguration(
                     name="Private",
                     subnet_type=(
-                        ec2.SubnetType.PRIVATE_WITH_EGRESS
-                        if config.nat_gateways
-                        else ec2.SubnetType.PRIVATE_ISOLATED
+                        ec2.SubnetType.PRIVATE_WITH_EGRESS if config.nat_gateways else ec2.SubnetType.PRIVATE_ISOLATED
                     ),
                     cidr_mask=20,
                 ),
@@ -57,9 +54,7 @@ class Network(Construct):
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
-        self.private_subnets = self.vpc.select_subnets(
-            subnet_group_name="Private"
-        ).subnets
+        self.private_subnets = self.vpc.select_subnets(subnet_group_name="Private").subnets
         # The AWS Load Balancer Controller finds subnets for internal load balancers by this tag.
         for subnet in self.private_subnets:
             Tags.of(subnet).add("kubernetes.io/role/internal-elb", "1")
@@ -75,9 +70,7 @@ class Network(Construct):
                 open=False,
             )
             # HTTPS from inside the VPC only, written as a literal CIDR rather than a token.
-            endpoint.connections.allow_from(
-                ec2.Peer.ipv4(config.vpc_cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
-            )
+            endpoint.connections.allow_from(ec2.Peer.ipv4(config.vpc_cidr), ec2.Port.tcp(443), "HTTPS from the VPC")
         self.gpu_subnet = self._subnet_in(config.gpu_availability_zone)
 
     def _subnet_in(self, zone: str) -> ec2.ISubnet:

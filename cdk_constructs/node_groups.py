@@ -15,15 +15,17 @@ from constructs import Construct
 from cdk_constructs.policy import acknowledge, managed_policy_finding
 from config import catalog
 from config.schema import GpuNodeGroupConfig, RootVolume, SystemNodeGroupConfig
+from manifests.contract import (
+    EFA_RESOURCE,
+    EFA_TAINT_KEY,
+    GPU_NODE_SELECTOR,
+    GPU_RESOURCE,
+    GPU_TAINT_KEY,
+    NVIDIA_GPU_PRESENT_LABEL,
+    PHASE_LABEL,
+    SYSTEM_NODE_SELECTOR,
+)
 
-GPU_TAINT_KEY = "nvidia.com/gpu"
-EFA_TAINT_KEY = "aws.amazon.com/efa"
-ROLE_LABEL = "role"
-PHASE_LABEL = "pd-serving/phase"
-# NVIDIA's device plugin chart (0.20.0) keeps a default node affinity on top of any nodeSelector:
-# it runs only where NFD's PCI labels or this label say "NVIDIA GPU". EKS's AL2023 NVIDIA nodes
-# carry it only from Kubernetes 1.35, so the GPU groups set it for every version the config accepts.
-NVIDIA_GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 # Cluster Autoscaler reads a managed node group's own tags with this prefix as the extended
 # resources of its nodes (cluster-autoscaler-1.36.1, cloudprovider/aws/aws_manager.go).
 NODE_TEMPLATE_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
@@ -113,7 +115,7 @@ class SystemNodeGroup(Construct):
             min_size=config.min_size,
             desired_size=config.desired_size,
             max_size=config.max_size,
-            labels={ROLE_LABEL: "system"},
+            labels=dict(SYSTEM_NODE_SELECTOR),
             subnets=ec2.SubnetSelection(subnets=subnets),
             launch_template_spec=_template_spec(self.launch_template),
         )
@@ -138,12 +140,8 @@ class EfaFabric(Construct):
             description="EFA: all traffic between GPU nodes, nothing else",
             allow_all_outbound=False,
         )
-        self.security_group.add_ingress_rule(
-            self.security_group, ec2.Port.all_traffic(), "EFA from GPU nodes"
-        )
-        self.security_group.add_egress_rule(
-            self.security_group, ec2.Port.all_traffic(), "EFA to GPU nodes"
-        )
+        self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(), "EFA from GPU nodes")
+        self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "EFA to GPU nodes")
 
 
 class GpuNodeGroup(Construct):
@@ -179,8 +177,8 @@ class GpuNodeGroup(Construct):
         self.phase = phase
         facts = catalog.INSTANCES[config.instance_type]
         # What a node of this group offers besides CPU and memory, as the device plugins advertise it.
-        self.extended_resources = {"nvidia.com/gpu": facts.gpu_count, "vpc.amazonaws.com/efa": facts.efa_interfaces}
-        self.labels = {ROLE_LABEL: "gpu", PHASE_LABEL: phase, NVIDIA_GPU_PRESENT_LABEL: "true"}
+        self.extended_resources = {GPU_RESOURCE: facts.gpu_count, EFA_RESOURCE: facts.efa_interfaces}
+        self.labels = {**GPU_NODE_SELECTOR, PHASE_LABEL: phase, NVIDIA_GPU_PRESENT_LABEL: "true"}
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
@@ -201,9 +199,7 @@ class GpuNodeGroup(Construct):
                         delete_on_termination=True,
                     )
                 ],
-                placement=ec2.CfnLaunchTemplate.PlacementProperty(
-                    group_name=fabric.placement_group.ref
-                ),
+                placement=ec2.CfnLaunchTemplate.PlacementProperty(group_name=fabric.placement_group.ref),
             ),
         )
         # The instance type is set on the node group only: naming it in the launch template as

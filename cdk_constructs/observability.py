@@ -1,16 +1,13 @@
 """Scraping Ray's and vLLM's Prometheus metrics per phase, into CloudWatch or Amazon Managed Prometheus.
 
-Every Ray pod exports all of its node's metrics on the container port named ``metrics``. One scrape
-configuration serves both backends; it turns the pod's ``ray.io/group`` label (``prefill-gpu`` /
-``decode-gpu``) into a ``phase`` label, because the vLLM metrics themselves do not say which phase
-an engine serves.
+The scrape configuration and the agent's values are data (``manifests.observability``); this
+construct installs the backend, its IAM and log group, and the per-phase dashboard.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import yaml
 from aws_cdk import Stack
@@ -22,141 +19,18 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from cdk_constructs import dashboards
 from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.policy import acknowledge, managed_policy_finding
-from config.observability import ObservabilityConfig
-
-METRICS_PORT_NAME = "metrics"
-SCRAPE_JOB = "ray"
-CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
-CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
-CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
-# The agent's operator mounts the add-on's prometheus config here.
-AGENT_PROMETHEUS_CONFIG_PATH = "/etc/prometheusconfig/prometheus.yaml"
-EMF_NAMESPACE = "PdServing/Prometheus"
-# The Kubernetes user that EKS maps an AMP scraper's role to; the scraper's RBAC binds it.
-AMP_SCRAPER_USER = "aps-collector-user"
-
-# Every metric name a dashboard may read. The CloudWatch agent ships only the names listed here
-# (a renamed metric would otherwise vanish silently), and a test checks the dashboards against it.
-KNOWN_METRICS: tuple[str, ...] = (
-    "ray_vllm_num_requests_running",
-    "ray_vllm_num_requests_waiting",
-    "ray_vllm_kv_cache_usage_perc",
-    "ray_vllm_time_to_first_token_seconds_bucket",
-    "ray_vllm_request_time_per_output_token_seconds_bucket",
-    "ray_vllm_inter_token_latency_seconds_bucket",
-    "ray_vllm_nixl_xfer_time_seconds_bucket",
-    "ray_vllm_nixl_xfer_time_seconds_count",
-    "ray_vllm_nixl_bytes_transferred_sum",
-    "ray_vllm_nixl_num_failed_transfers_total",
-    "ray_vllm_prompt_tokens_by_source_total",
-    "ray_vllm_request_success_total",
-    "ray_serve_num_deployment_http_error_requests_total",
+from config.schema import ObservabilityConfig
+from manifests import dashboards
+from manifests.observability import (
+    CLOUDWATCH_ADDON,
+    CLOUDWATCH_SERVICE_ACCOUNT,
+    EMF_NAMESPACE,
+    cloudwatch_addon_values,
+    scrape_config,
+    scraper_rbac,
 )
-
-
-def scrape_config(*, namespace: str, interval_seconds: int) -> dict[str, Any]:
-    """Prometheus scrape configuration of the Ray pods in ``namespace`` (head and workers)."""
-    return {
-        "global": {"scrape_interval": f"{interval_seconds}s", "scrape_timeout": "10s"},
-        "scrape_configs": [
-            {
-                "job_name": SCRAPE_JOB,
-                "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
-                "relabel_configs": [
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                        "action": "keep",
-                        "regex": METRICS_PORT_NAME,
-                    },
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_node_type"],
-                        "action": "keep",
-                        "regex": "head|worker",
-                    },
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_group"],
-                        "regex": "(prefill|decode)-gpu",
-                        "target_label": "phase",
-                        "replacement": "$1",
-                    },
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                    {"source_labels": ["__meta_kubernetes_pod_label_ray_io_node_type"], "target_label": "ray_node_type"},
-                ],
-            }
-        ],
-    }
-
-
-def _metric_declarations() -> list[dict[str, Any]]:
-    """Which scraped series become CloudWatch metrics, and under which dimensions."""
-    phase_dims: dict[str, list[str]] = {}
-    for panel in dashboards.PANELS:
-        for series in panel.cloudwatch:
-            phase_dims.setdefault(series.metric, ["ClusterName", "phase", *(d for d, _ in series.dimensions)])
-    grouped: dict[tuple[str, ...], list[str]] = {}
-    for metric, dims in sorted(phase_dims.items()):
-        grouped.setdefault(tuple(dims), []).append(metric)
-    return [
-        {
-            "source_labels": ["job"],
-            "label_matcher": f"^{SCRAPE_JOB}$",
-            "dimensions": [list(dims)],
-            "metric_selectors": [f"^{metric}$" for metric in metrics],
-        }
-        for dims, metrics in grouped.items()
-    ]
-
-
-def cloudwatch_addon_values(*, cluster_name: str, log_group_name: str, scrape: dict[str, Any]) -> dict[str, Any]:
-    """Configuration values of the amazon-cloudwatch-observability add-on."""
-    return {
-        "agent": {
-            "config": {
-                "logs": {
-                    "metrics_collected": {
-                        # Replacing the agent's config replaces its default; keep Container Insights.
-                        "kubernetes": {"enhanced_container_insights": True},
-                        "prometheus": {
-                            "cluster_name": cluster_name,
-                            "log_group_name": log_group_name,
-                            "prometheus_config_path": AGENT_PROMETHEUS_CONFIG_PATH,
-                            "emf_processor": {
-                                "metric_namespace": EMF_NAMESPACE,
-                                "metric_declaration": _metric_declarations(),
-                            },
-                        },
-                    }
-                }
-            },
-            # The agent runs on every node; the target allocator hands each Ray pod to one agent
-            # so that no series is scraped (and billed) once per node.
-            "prometheus": {"config": scrape, "targetAllocator": {"enabled": True}},
-        }
-    }
-
-
-def scraper_rbac() -> list[dict[str, Any]]:
-    """What the AMP scraper may read: pods, for discovery. It scrapes them over the VPC."""
-    name = "amp-scraper"
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": name},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "User", "name": AMP_SCRAPER_USER, "apiGroup": "rbac.authorization.k8s.io"}],
-        },
-    ]
 
 
 class Observability(Construct):
@@ -197,7 +71,9 @@ class Observability(Construct):
             self._cloudwatch(cluster, dashboard_name)
         elif config.backend == "amp":
             if not subnets:
-                raise ValueError("observability.backend amp needs subnets for the scraper; pass the cluster's private subnets")
+                raise ValueError(
+                    "observability.backend amp needs subnets for the scraper; pass the cluster's private subnets"
+                )
             self._amp(cluster, subnets)
 
     def _log_group(self, name: str) -> logs.LogGroup:
@@ -283,7 +159,8 @@ class Observability(Construct):
                     )
                 ),
                 scraper_components=[
-                    aps.CfnScraper.ScraperComponentProperty(type=t) for t in ("SERVICE_DISCOVERY", "COLLECTOR", "EXPORTER")
+                    aps.CfnScraper.ScraperComponentProperty(type=t)
+                    for t in ("SERVICE_DISCOVERY", "COLLECTOR", "EXPORTER")
                 ],
             ),
         )

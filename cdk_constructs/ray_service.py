@@ -5,8 +5,11 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import aws_cdk as cdk
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -14,14 +17,16 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.hf_token import HuggingFaceToken, imported_secret
-from cdk_constructs.kuberay_rules import validate_ray_service
 from cdk_constructs.policy import acknowledge
-from cdk_constructs.ray_service_manifest import owned_serve_service, ray_service, serve_service_name
-from config.schema import AppConfig
-from serve_app.serve_config import SERVE_PORT, serve_config_yaml
+from config.schema import ChartVersions, RayServiceConfig
+from kuberay import rules_version_note
+from kuberay.rules import validate_ray_service
+from manifests.contract import RAY_SERVICE_ACCOUNT, SERVE_PORT
+from manifests.ray_service import owned_serve_service, serve_service_name
+from serve_app.serve_config import serve_config_yaml
+from serve_app.spec import ServingSpec
 
 SERVE_APP_DIR = Path(__file__).resolve().parent.parent / "serve_app"
-SERVICE_ACCOUNT = "ray-serve"
 
 
 # Ray unzips a remote (s3://) working_dir with remove_top_level_directory=True
@@ -49,7 +54,12 @@ class RayServiceApp(Construct):
 
     Args:
         cluster: the EKS cluster.
-        config: the environment's config (ray_service and serving sections are used).
+        ray_service: the environment's ray_service section.
+        serving: the environment's serving spec.
+        charts: the chart versions (the CSI driver and provider for a gated model's token; the
+            KubeRay operator whose rules the RayService is checked against).
+        render_manifest: the RayService for a Serve config (``manifests.ray_service.ray_service``
+            bound to the environment); the Serve config names this construct's code asset.
         operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
 
     ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
@@ -57,17 +67,26 @@ class RayServiceApp(Construct):
     """
 
     def __init__(
-        self, scope: Construct, id_: str, *, cluster: eks.Cluster, config: AppConfig, operator: Construct
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cluster: eks.Cluster,
+        ray_service: RayServiceConfig,
+        serving: ServingSpec,
+        charts: ChartVersions,
+        render_manifest: Callable[[str], dict[str, Any]],
+        operator: Construct,
     ) -> None:
         super().__init__(scope, id_)
-        rs = config.ray_service
+        rs = ray_service
         self.namespace = cluster.add_manifest(
             "Namespace",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": rs.namespace}},
         )
         self.service_account = cluster.add_service_account(
             "ServiceAccount",
-            name=SERVICE_ACCOUNT,
+            name=RAY_SERVICE_ACCOUNT,
             namespace=rs.namespace,
             identity_type=eks.IdentityType.POD_IDENTITY,
         )
@@ -82,45 +101,46 @@ class RayServiceApp(Construct):
                 resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
             )
         )
-        self._grant_model_access(config)
+        self._grant_model_access(serving)
         self.hf_token = None
-        if config.serving.model.hf_token_secret:
+        if serving.model.hf_token_secret:
             self.hf_token = HuggingFaceToken(
                 self,
                 "HfToken",
                 cluster=cluster,
                 namespace=rs.namespace,
-                secret=config.serving.model.hf_token_secret,
-                driver_version=config.charts.secrets_store_csi_driver,
-                provider_version=config.charts.secrets_store_csi_provider_aws,
+                secret=serving.model.hf_token_secret,
+                driver_version=charts.secrets_store_csi_driver,
+                provider_version=charts.secrets_store_csi_provider_aws,
                 namespace_manifest=self.namespace,
             )
 
-        self.serve_config_v2 = serve_config_yaml(config.serving, working_dir=self.code.s3_object_url)
-        self.manifest_body = ray_service(
-            config, serve_config_v2=self.serve_config_v2, service_account=SERVICE_ACCOUNT
-        )
+        self.serve_config_v2 = serve_config_yaml(serving, working_dir=self.code.s3_object_url)
+        self.manifest_body = render_manifest(self.serve_config_v2)
         # What KubeRay's controller would refuse fails synth here, not as a silent
         # ValidationFailed condition after the deploy.
         validate_ray_service(self.manifest_body)
+        rules_note = rules_version_note(charts.kuberay_operator)
+        if rules_note:
+            cdk.Annotations.of(self).add_warning_v2("pd-serving:kuberay-rules-version", rules_note)
         self.manifest = cluster.add_manifest("RayService", self.manifest_body)
         self.manifest.node.add_dependency(operator)
         self.manifest.node.add_dependency(self.service_account)
         if self.hf_token:
             # Pods mount the token through the driver and the provider class from their first start.
             self.manifest.node.add_dependency(self.hf_token)
-        owned_service = owned_serve_service(config)
+        owned_service = owned_serve_service(rs)
         self.serve_service = cluster.add_manifest("ServeService", owned_service) if owned_service else None
         if self.serve_service:
             self.serve_service.node.add_dependency(self.namespace)
             self.manifest.node.add_dependency(self.serve_service)
-        self.serve_service_name = serve_service_name(config)
+        self.serve_service_name = serve_service_name(rs)
         self.port_forward_command = (
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )
 
-    def _grant_model_access(self, config: AppConfig) -> None:
-        model = config.serving.model
+    def _grant_model_access(self, serving: ServingSpec) -> None:
+        model = serving.model
         if model.hf_token_secret:
             # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
             # for this secret alone (GetSecretValue, DescribeSecret).

@@ -20,15 +20,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from cli.args import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
 # RFC 5737: addresses for documentation; no real client comes from them.
-DOCUMENTATION_RANGES = tuple(
-    ipaddress.ip_network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
-)
+DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 FIND_YOUR_ADDRESS = "`curl -s https://checkip.amazonaws.com` prints your public address; add /32"
 
 
@@ -165,7 +164,9 @@ def quota_findings(config: AppConfig, quotas: Any) -> tuple[list[str], list[str]
     return errors, warnings
 
 
-def check(config: AppConfig, source: str, *, sts: Any, iam: Any, quotas: Any, checkip_url: str = CHECKIP_URL) -> Verdict:
+def check(
+    config: AppConfig, source: str, *, sts: Any, iam: Any, quotas: Any, checkip_url: str = CHECKIP_URL
+) -> Verdict:
     """Every check, offline ones first; AWS is asked only if the config itself is deployable."""
     verdict = Verdict(errors=offline_problems(config, source))
     if verdict.errors:
@@ -201,9 +202,9 @@ def aws_clients(region: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cli.deploy_guard", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m cli.deploy_guard", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
-    parser.add_argument("--facts-out", help="where to write what app.py needs (-c deploy_facts=FILE)")
+    parser.add_argument("--facts-out", metavar="FILE", help="where to write what app.py needs (-c deploy_facts=FILE)")
     parser.add_argument("--checkip-url", default=CHECKIP_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     config = load_config_or_exit(args.config)

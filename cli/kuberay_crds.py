@@ -13,25 +13,29 @@ when charts.kuberay_operator changes.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
 
+from cli.args import ArgumentParser
 from config.loader import load_config_or_exit
 from config.versions import KUBERAY_CRDS_KUSTOMIZATION
 
 
 def command(version: str) -> list[str]:
     return [
-        "kubectl", "apply", "--server-side", "--force-conflicts",
-        "-k", KUBERAY_CRDS_KUSTOMIZATION.format(version=version),
+        "kubectl",
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-k",
+        KUBERAY_CRDS_KUSTOMIZATION.format(version=version),
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cli.kuberay_crds", description=__doc__.splitlines()[0])
-    parser.add_argument("config")
+    parser = ArgumentParser(prog="python -m cli.kuberay_crds", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml (its charts.kuberay_operator)")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     args = parser.parse_args(argv)
     config = load_config_or_exit(args.config)

@@ -12,14 +12,14 @@ printing the ``source:`` line to put in the config.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 
+from cli.args import ArgumentParser
 from config.loader import load_config_or_exit
-from mirror.manifest import job_name, manifests
+from manifests.mirror_job import job_name, manifests
 
 
 def kubectl(*args: str, stdin: str | None = None, timeout: float | None = None) -> int:
@@ -27,11 +27,11 @@ def kubectl(*args: str, stdin: str | None = None, timeout: float | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cli.mirror_model", description=__doc__.splitlines()[0])
-    parser.add_argument("config")
+    parser = ArgumentParser(prog="python -m cli.mirror_model", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
     parser.add_argument("--repo", help="Hugging Face repo id (default: serving.model.source)")
     parser.add_argument("--prefix", help="key prefix in the bucket (default: serving.model.model_id)")
-    parser.add_argument("--revision", default="main")
+    parser.add_argument("--revision", default="main", help="branch, tag or commit of the repo (default: main)")
     parser.add_argument("--timeout", type=int, default=7200, help="seconds to wait for the Job")
     parser.add_argument("--dry-run", action="store_true", help="print the manifests instead of applying them")
     args = parser.parse_args(argv)
@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     model = config.serving.model
     repo = args.repo or model.hub_repo
     if not repo:
-        print(f"{args.config}: serving.model.source is {model.source}; give the Hugging Face repo with --repo",
-              file=sys.stderr)
+        print(
+            f"{args.config}: serving.model.source is {model.source}; give the Hugging Face repo with --repo",
+            file=sys.stderr,
+        )
         return 2
     prefix = (args.prefix or model.model_id).strip("/")
     objects = manifests(config, repo=repo, prefix=prefix, revision=args.revision)
@@ -61,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     kubectl("wait", "--for=condition=Ready", "pod", "-l", f"job-name={name}", "-n", namespace, "--timeout=600s")
     kubectl("logs", "-f", f"job/{name}", "-n", namespace, timeout=args.timeout)
     if kubectl("wait", "--for=condition=complete", f"job/{name}", "-n", namespace, f"--timeout={args.timeout}s"):
-        print(f"the mirror Job did not complete; see `kubectl describe job {name} -n {namespace}`; run again to resume",
-              file=sys.stderr)
+        print(
+            f"the mirror Job did not complete; see `kubectl describe job {name} -n {namespace}`; run again to resume",
+            file=sys.stderr,
+        )
         return 1
-    print(f"\nPut this in {args.config} under serving.model:\n  source: s3://{config.mirror_bucket}/{prefix}\n"
-          f"  hub_id: {repo}")
+    print(
+        f"\nPut this in {args.config} under serving.model:\n  source: s3://{config.mirror_bucket}/{prefix}\n"
+        f"  hub_id: {repo}"
+    )
     return 0
 
 

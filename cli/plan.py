@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 
+from cli.args import ArgumentParser
 from config.loader import ConfigError, load_config
 from planner import PlanningError, render_text
 from planner.from_config import plan_config
 
 
-def main(argv: list[str]) -> int:
-    path = argv[0]
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m cli.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
+    path = parser.parse_args(argv).config
     try:
         report = plan_config(load_config(path))
     except ConfigError as exc:
@@ -24,4 +27,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from cli.args import ArgumentParser
 from config.loader import ConfigError, load_config
 
 
@@ -44,7 +45,9 @@ def summarize(config_path: str, outdir: str) -> str:
         access.append(f"public to {', '.join(doors)}")
     if endpoint.private:
         access.append("private (inside the VPC)")
-    admins = list(config.cluster.admin_principals) + (["you (make deploy)"] if config.cluster.grant_deployer_admin else [])
+    admins = list(config.cluster.admin_principals) + (
+        ["you (make deploy)"] if config.cluster.grant_deployer_admin else []
+    )
     lines += [
         f"  API endpoint    {'; '.join(access)}",
         f"  cluster admins  {', '.join(admins)}",
@@ -53,15 +56,18 @@ def summarize(config_path: str, outdir: str) -> str:
     lines += [
         f"  serving         {serving.mode}: {serving.model.model_id} ({serving.model.source}), "
         f"max_model_len {serving.max_model_len}",
-        f"  image           {config.ray_service.image_for(config.aws.region)} "
-        f"(Ray {config.ray_service.ray_version})",
+        f"  image           {config.ray_service.image_for(config.aws.region)} (Ray {config.ray_service.ray_version})",
     ]
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m cli.summary", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
+    parser.add_argument("outdir", help="the folder `cdk synth` wrote the templates to, e.g. cdk.out")
+    args = parser.parse_args(argv)
     try:
-        print(summarize(argv[0], argv[1]))
+        print(summarize(args.config, args.outdir))
     except ConfigError as exc:
         print(f"Config error:\n{exc}", file=sys.stderr)
         return 2
@@ -69,4 +75,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

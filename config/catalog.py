@@ -134,6 +134,4 @@ def replicas_per_node(instance_type: str, tensor_parallel_size: int, gpu_fractio
 
 def known_instance_types(*, gpu: bool | None = None) -> list[str]:
     """Instance types in the table, optionally only those with (or without) GPUs."""
-    return sorted(
-        name for name, f in INSTANCES.items() if gpu is None or (f.gpu is not None) == gpu
-    )
+    return sorted(name for name, f in INSTANCES.items() if gpu is None or (f.gpu is not None) == gpu)

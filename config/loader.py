@@ -30,9 +30,7 @@ def config_path_for(env: str) -> Path:
         )
     if not path.is_file():
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local"))
-        raise ConfigError(
-            str(path), [f"no environment {env!r}; use one of {', '.join(known)} or CONFIG=path.yaml"]
-        )
+        raise ConfigError(str(path), [f"no environment {env!r}; use one of {', '.join(known)} or CONFIG=path.yaml"])
     return path
 
 

@@ -121,11 +121,28 @@ MODEL_STREAMER_PACKAGES = ("runai-model-streamer==0.17.0", "runai-model-streamer
 # with --no-deps), at the versions requirements-serve.txt locks (a test compares them).
 MIRROR_JOB_IMAGE = "public.ecr.aws/docker/library/python:3.12.12-slim"
 MIRROR_JOB_PACKAGES = (
-    "huggingface-hub==2.4.0", "boto3==1.44.5",
-    "anyio==4.16.0", "botocore==1.44.8", "click==8.5.1", "filelock==4.3.1", "fsspec==2026.9.0", "h11==0.16.0",
-    "hf-xet==1.8.0", "httpcore2==2.16.2", "httpx2==2.16.2", "idna==3.20", "jmespath==1.1.0", "packaging==26.4",
-    "python-dateutil==2.9.0.post0", "pyyaml==6.0.3", "s3transfer==0.19.3", "six==1.17.0", "tqdm==4.70.1",
-    "truststore==0.10.5", "typing-extensions==4.16.0", "urllib3==2.8.0",
+    "huggingface-hub==2.4.0",
+    "boto3==1.44.5",
+    "anyio==4.16.0",
+    "botocore==1.44.8",
+    "click==8.5.1",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "h11==0.16.0",
+    "hf-xet==1.8.0",
+    "httpcore2==2.16.2",
+    "httpx2==2.16.2",
+    "idna==3.20",
+    "jmespath==1.1.0",
+    "packaging==26.4",
+    "python-dateutil==2.9.0.post0",
+    "pyyaml==6.0.3",
+    "s3transfer==0.19.3",
+    "six==1.17.0",
+    "tqdm==4.70.1",
+    "truststore==0.10.5",
+    "typing-extensions==4.16.0",
+    "urllib3==2.8.0",
 )
 
 # Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),

@@ -27,10 +27,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 # What vLLM reads from a Hugging Face model directory (weights as safetensors, configs, tokenizer).
 ENGINE_FILES = (
-    "*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt", "*.jinja",
+    "*.safetensors",
+    "*.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "merges.txt",
+    "vocab.txt",
+    "*.jinja",
 )
 SKIPPED = ("original/*", "*.bin", "*.pt", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5", "*.ckpt")
 SHA256_METADATA = "sha256"
@@ -61,16 +68,14 @@ def hub_files(repo: str, revision: str) -> list[ModelFile]:
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(repo, revision=revision, files_metadata=True)
-    return [
-        ModelFile(s.rfilename, s.size or 0, s.lfs.sha256 if s.lfs else None)
-        for s in info.siblings or []
-    ]
+    return [ModelFile(s.rfilename, s.size or 0, s.lfs.sha256 if s.lfs else None) for s in info.siblings or []]
 
 
 def dir_files(root: Path) -> list[ModelFile]:
     return [
         ModelFile(str(p.relative_to(root)), p.stat().st_size, sha256_of(p))
-        for p in sorted(root.rglob("*")) if p.is_file()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     ]
 
 
@@ -94,8 +99,16 @@ def fetch(file: ModelFile, *, repo: str | None, revision: str, from_dir: Path | 
     return Path(hf_hub_download(repo, file.name, revision=revision, local_dir=scratch))
 
 
-def mirror(*, bucket: str, prefix: str, repo: str | None = None, revision: str = "main",
-           from_dir: Path | None = None, s3=None, out=print) -> int:
+def mirror(
+    *,
+    bucket: str,
+    prefix: str,
+    repo: str | None = None,
+    revision: str = "main",
+    from_dir: Path | None = None,
+    s3=None,
+    out=print,
+) -> int:
     """Copies the engine's files to s3://bucket/prefix/; returns the number of problems found."""
     import boto3
 
@@ -104,8 +117,10 @@ def mirror(*, bucket: str, prefix: str, repo: str | None = None, revision: str =
     selected = [f for f in files if wanted(f.name)]
     skipped = sorted(f.name for f in files if not wanted(f.name))
     if skipped:
-        out(f"skipping {len(skipped)} file(s) the engine does not read: {', '.join(skipped[:8])}"
-            + (" …" if len(skipped) > 8 else ""))
+        out(
+            f"skipping {len(skipped)} file(s) the engine does not read: {', '.join(skipped[:8])}"
+            + (" …" if len(skipped) > 8 else "")
+        )
     total = sum(f.size for f in selected)
     out(f"mirroring {len(selected)} file(s), {total / 1e9:.2f} GB, to s3://{bucket}/{prefix}/")
     done = 0
@@ -129,8 +144,12 @@ def mirror(*, bucket: str, prefix: str, repo: str | None = None, revision: str =
             s3.upload_file(str(local), bucket, key, ExtraArgs={"Metadata": {SHA256_METADATA: digest}})
             local.unlink()
             done += file.size
-            out(f"{head}: fetched in {fetched:.0f} s, uploaded in {time.monotonic() - started - fetched:.0f} s "
-                f"({done / total:.0%} of the model)" if total else f"{head}: uploaded")
+            out(
+                f"{head}: fetched in {fetched:.0f} s, uploaded in {time.monotonic() - started - fetched:.0f} s "
+                f"({done / total:.0%} of the model)"
+                if total
+                else f"{head}: uploaded"
+            )
     problems = [f.name for f in selected if not already_mirrored(s3, bucket, f"{prefix}/{f.name}", f)]
     if problems:
         out(f"verification failed for {len(problems)} file(s): {', '.join(problems)}")
@@ -140,20 +159,36 @@ def mirror(*, bucket: str, prefix: str, repo: str | None = None, revision: str =
     return 0
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """Errors in one line, exit 2 (as cli.args.ArgumentParser; this file runs alone in the Job)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (try --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--repo", help="Hugging Face repo id")
     source.add_argument("--from-dir", type=Path, help="a local copy of the model instead")
-    parser.add_argument("--revision", default="main")
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--revision", default="main", help="branch, tag or commit of the repo (default: main)")
+    parser.add_argument("--bucket", required=True, help="the mirror bucket's name")
+    parser.add_argument("--prefix", required=True, help="key prefix in the bucket, e.g. qwen2.5-7b-instruct")
     args = parser.parse_args(argv)
     if os.environ.get("HF_TOKEN_PATH") and not Path(os.environ["HF_TOKEN_PATH"]).is_file():
         print(f"HF_TOKEN_PATH names {os.environ['HF_TOKEN_PATH']}, which does not exist", file=sys.stderr)
         return 2
-    return 1 if mirror(bucket=args.bucket, prefix=args.prefix.strip("/"), repo=args.repo,
-                       revision=args.revision, from_dir=args.from_dir) else 0
+    return (
+        1
+        if mirror(
+            bucket=args.bucket,
+            prefix=args.prefix.strip("/"),
+            repo=args.repo,
+            revision=args.revision,
+            from_dir=args.from_dir,
+        )
+        else 0
+    )
 
 
 if __name__ == "__main__":

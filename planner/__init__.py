@@ -1,7 +1,10 @@
-"""Pre-deployment planner: GPU memory fit, KV-transfer cost against prefill time, and hourly cost."""
+"""Pre-deployment planner: GPU memory fit, KV-transfer cost against prefill time, and hourly cost.
 
+Its thresholds and calibration are the config's :class:`~config.schema.PlannerSettings` (re-exported here).
+"""
+
+from config.schema import PlannerSettings
 from planner.core import (
-    Assumptions,
     CostBreakdown,
     CostLine,
     PhasePlan,
@@ -20,7 +23,6 @@ from planner.report import render_text
 __all__ = [
     "FIELDS",
     "KNOWN_MODELS",
-    "Assumptions",
     "CostBreakdown",
     "CostLine",
     "ModelArchitecture",
@@ -28,6 +30,7 @@ __all__ = [
     "PhasePlanInputs",
     "PlanInputs",
     "PlanReport",
+    "PlannerSettings",
     "PlanningError",
     "TransferRow",
     "cost_breakdown",

@@ -1,7 +1,8 @@
 """Whether a prefill/decode deployment fits, whether moving its KV cache pays off, and what it costs.
 
-Every estimate is first-order and its assumptions live in :class:`Assumptions`, so numbers measured
-on a real GPU run can replace the defaults without touching the arithmetic.
+Every estimate is first-order and its calibration is the config's own :class:`PlannerSettings`
+(``planner:`` in an environment's file), so numbers measured on a real GPU run can replace the
+defaults without touching the arithmetic.
 """
 
 from __future__ import annotations
@@ -12,38 +13,17 @@ from pathlib import Path
 
 from config import catalog
 from config.catalog import INSTANCES, InstanceFacts
+from config.schema import PlannerSettings
 from planner.errors import PlanningError, field_name
 from planner.models import ModelArchitecture, load_architecture
 
 GIB = 2**30
 HOURS_PER_MONTH = 24 * 30
 PHASES = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class Assumptions:
-    """Calibration knobs; ``metadata["why"]`` says what each one stands for."""
-
-    prefill_mfu: float = field(
-        default=0.35,
-        metadata={"why": "fraction of the GPU's peak dense BF16 FLOPS a prefill achieves in practice"},
-    )
-    network_efficiency: float = field(
-        default=0.7,
-        metadata={"why": "fraction of the instance's nominal network bandwidth a NIXL KV transfer achieves"},
-    )
-    runtime_overhead_gib: float = field(
-        default=1.5,
-        metadata={"why": "per-GPU memory taken by the CUDA context, activations and CUDA graphs"},
-    )
-    kv_block_tokens: int = field(
-        default=16,
-        metadata={"why": "vLLM allocates KV cache in blocks of this many tokens, so capacity rounds down"},
-    )
-    prefill_heavy_ratio: float = field(
-        default=4.0,
-        metadata={"why": "prompt/output token ratio from which prefill interference justifies its own nodes"},
-    )
+# vLLM allocates KV cache in blocks of this many tokens, so capacity rounds down.
+KV_BLOCK_TOKENS = 16
+# The prompt/output token ratio from which prefill interference justifies its own nodes.
+PREFILL_HEAVY_RATIO = 4.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +35,8 @@ class PhasePlanInputs:
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the planner needs; ``model`` is a Hugging Face id or an architecture."""
+    """Everything the planner needs; ``model`` is a Hugging Face id or an architecture, and ``settings``
+    the thresholds and calibration (a config's ``planner`` section as it is)."""
 
     model: str | ModelArchitecture
     prefill: PhasePlanInputs
@@ -64,17 +45,13 @@ class PlanInputs:
     max_model_len: int = 8192
     gpu_memory_utilization: float = 0.9
     prompt_lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768)
-    typical_prompt_tokens: int = 4096
-    typical_output_tokens: int = 256
-    max_transfer_share: float = 0.25
-    fail_on_transfer_share: bool = False
     config_json: str | Path | None = None
     system_instance_type: str = "m7i.xlarge"
     system_nodes: int = 1
     nat_gateways: int = 1
     interface_endpoints: int = 0  # endpoints × AZs, each billed per hour
     eks_extended_support: bool = False
-    assumptions: Assumptions = Assumptions()
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
 
 
 @dataclass(frozen=True)
@@ -160,6 +137,8 @@ def prefill_flops(model: ModelArchitecture, tokens: int) -> float:
 
 
 def prefill_seconds(model: ModelArchitecture, tokens: int, facts: InstanceFacts, tp: int, mfu: float) -> float:
+    if facts.gpu_facts is None:
+        raise PlanningError(f"{facts.instance_type} has no GPU to prefill on")
     peak = facts.gpu_facts.peak_bf16_tflops * 1e12
     return prefill_flops(model, tokens) / (tp * peak * mfu)
 
@@ -183,7 +162,7 @@ def _plan_phase(phase: str, p: PhasePlanInputs, model: ModelArchitecture, inputs
         raise PlanningError(f"{field_name('instance_type', phase)}={p.instance_type!r} has no GPU")
     if p.tensor_parallel_size < 1 or p.nodes < 0:
         raise PlanningError(f"{field_name('tensor_parallel_size', phase)} must be at least 1 and nodes at least 0")
-    tp, a, util = p.tensor_parallel_size, inputs.assumptions, inputs.gpu_memory_utilization
+    tp, settings, util = p.tensor_parallel_size, inputs.settings, inputs.gpu_memory_utilization
     tp_field, type_field = field_name("tensor_parallel_size", phase), field_name("instance_type", phase)
     gpu = facts.gpu_facts
     weights = math.ceil(model.num_parameters * inputs.dtype_bytes / tp)
@@ -191,10 +170,10 @@ def _plan_phase(phase: str, p: PhasePlanInputs, model: ModelArchitecture, inputs
     # With TP above the KV head count vLLM replicates heads, so each GPU still holds at least one.
     kv_token_gpu = kv_token // model.num_kv_heads * math.ceil(model.num_kv_heads / tp)
     budget = util * gpu.memory_gib * GIB
-    overhead = a.runtime_overhead_gib * GIB
+    overhead = settings.runtime_overhead_gib * GIB
     kv_cache = int(budget - weights - overhead)
-    block = a.kv_block_tokens * kv_token_gpu
-    cached = max(kv_cache, 0) // block * a.kv_block_tokens
+    block = KV_BLOCK_TOKENS * kv_token_gpu
+    cached = max(kv_cache, 0) // block * KV_BLOCK_TOKENS
     problem = None
     where = f"{phase} ({p.instance_type}, {gpu.model} {gpu.memory_gib:g} GiB)"
     if tp > facts.gpu_count:
@@ -217,7 +196,7 @@ def _plan_phase(phase: str, p: PhasePlanInputs, model: ModelArchitecture, inputs
         )
         problem = (
             f"{model.name} does not fit on {where}: weights take {weights / GIB:.1f} GiB per GPU at "
-            f"{tp_field}={tp}, plus {a.runtime_overhead_gib:g} GiB overhead, against "
+            f"{tp_field}={tp}, plus {settings.runtime_overhead_gib:g} GiB overhead, against "
             f"{field_name('gpu_memory_utilization')}={util:g} × {gpu.memory_gib:g} GiB = "
             f"{budget / GIB:.2f} GiB: {fix}"
         )
@@ -273,21 +252,22 @@ def cost_breakdown(inputs: PlanInputs) -> CostBreakdown:
 def _verdict(inputs: PlanInputs, errors: list[str], row: TransferRow) -> str:
     if errors:
         return f"not deployable as configured: fix the {len(errors)} error(s) first."
-    ratio = inputs.typical_prompt_tokens / max(inputs.typical_output_tokens, 1)
-    heavy = ratio >= inputs.assumptions.prefill_heavy_ratio
+    settings = inputs.settings
+    ratio = settings.typical_prompt_tokens / max(settings.typical_output_tokens, 1)
+    heavy = ratio >= PREFILL_HEAVY_RATIO
     why = (
         f"at {row.prompt_tokens}-token prompts moving the KV cache takes {row.transfer_share:.0%} "
         f"of the {row.prefill_seconds:.2f} s prefill"
     )
-    limit = f"{field_name('max_transfer_share')}={inputs.max_transfer_share:g}"
-    if row.transfer_share > inputs.max_transfer_share:
+    limit = f"{field_name('max_transfer_share')}={settings.max_transfer_share:g}"
+    if row.transfer_share > settings.max_transfer_share:
         return f"not worth it: {why}, above {limit}, so the transfer eats what a separate prefill node saves."
     if not heavy:
         return (
-            f"marginal: {why}, but prompts are only {ratio:.1f}× the {inputs.typical_output_tokens}-token "
+            f"marginal: {why}, but prompts are only {ratio:.1f}× the {settings.typical_output_tokens}-token "
             "outputs, so decode dominates and co-located replicas would use the GPUs as well."
         )
-    if row.transfer_share > inputs.max_transfer_share / 2:
+    if row.transfer_share > settings.max_transfer_share / 2:
         return f"marginal: {why}, close to {limit}; a faster network would make the split pay."
     return (
         f"worth it: {why} and prompts are {ratio:.0f}× the outputs, so a dedicated prefill node keeps "
@@ -304,7 +284,7 @@ def plan(inputs: PlanInputs) -> PlanReport:
     model = inputs.model
     if isinstance(model, str):
         model = load_architecture(model, inputs.config_json)
-    a = inputs.assumptions
+    settings = inputs.settings
     phases = {ph: _plan_phase(ph, getattr(inputs, ph), model, inputs) for ph in PHASES}
     errors = [pp.problem for pp in phases.values() if pp.problem]
     if model.max_position_embeddings and inputs.max_model_len > model.max_position_embeddings:
@@ -315,11 +295,11 @@ def plan(inputs: PlanInputs) -> PlanReport:
 
     pre = INSTANCES[inputs.prefill.instance_type]
     dec = INSTANCES[inputs.decode.instance_type]
-    bandwidth = min(pre.network_gbps, dec.network_gbps) * 1e9 / 8 * a.network_efficiency
+    bandwidth = min(pre.network_gbps, dec.network_gbps) * 1e9 / 8 * settings.network_efficiency
     kv_token = model.kv_bytes_per_token(inputs.dtype_bytes)
 
     def row(tokens: int) -> TransferRow:
-        seconds = prefill_seconds(model, tokens, pre, inputs.prefill.tensor_parallel_size, a.prefill_mfu)
+        seconds = prefill_seconds(model, tokens, pre, inputs.prefill.tensor_parallel_size, settings.prefill_mfu)
         transfer = tokens * kv_token / bandwidth
         return TransferRow(tokens, seconds, tokens * kv_token, transfer, transfer / seconds)
 
@@ -327,15 +307,15 @@ def plan(inputs: PlanInputs) -> PlanReport:
     skipped = [t for t in inputs.prompt_lengths if t > inputs.max_model_len]
 
     warnings: list[str] = []
-    over = [r for r in rows if r.transfer_share > inputs.max_transfer_share]
+    over = [r for r in rows if r.transfer_share > settings.max_transfer_share]
     if over:
         message = (
-            f"KV transfer exceeds {field_name('max_transfer_share')}={inputs.max_transfer_share:g} of prefill "
+            f"KV transfer exceeds {field_name('max_transfer_share')}={settings.max_transfer_share:g} of prefill "
             f"time at {', '.join(str(r.prompt_tokens) for r in over)}-token prompts (up to "
             f"{max(r.transfer_share for r in over):.0%}): choose instances with more network bandwidth for "
             f"{field_name('instance_type', 'prefill')} and {field_name('instance_type', 'decode')}"
         )
-        (errors if inputs.fail_on_transfer_share else warnings).append(message)
+        (errors if settings.fail_on_transfer_share else warnings).append(message)
     for facts in dict.fromkeys((pre, dec)):
         used_by = " and ".join(ph for ph in PHASES if getattr(inputs, ph).instance_type == facts.instance_type)
         if not facts.supports_efa:
@@ -349,7 +329,7 @@ def plan(inputs: PlanInputs) -> PlanReport:
                 "an extra PCIe copy per side that the transfer estimate leaves out"
             )
 
-    typical = row(min(inputs.typical_prompt_tokens, inputs.max_model_len))
+    typical = row(min(settings.typical_prompt_tokens, inputs.max_model_len))
     return PlanReport(
         inputs=inputs,
         model=model,

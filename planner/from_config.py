@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from config.schema import AppConfig
-from planner.core import PHASES, Assumptions, PhasePlanInputs, PlanInputs, PlanReport, plan
+from planner.core import PHASES, PhasePlanInputs, PlanInputs, PlanReport, plan
 from planner.errors import PlanningError
 from planner.models import dtype_bytes
 from planner.scaling import scaling_plan
@@ -14,7 +14,6 @@ from planner.scaling import scaling_plan
 def plan_inputs(config: AppConfig) -> PlanInputs:
     serving = config.serving
     groups = config.cluster.gpu_node_groups
-    settings = config.planner
     model = serving.model
     if model.config_json is None and model.hub_repo is None:
         raise PlanningError(
@@ -40,20 +39,11 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
         dtype_bytes=dtype_bytes(serving.dtype) if serving.dtype != "auto" else 2,
         max_model_len=serving.max_model_len,
         gpu_memory_utilization=serving.gpu_memory_utilization,
-        typical_prompt_tokens=settings.typical_prompt_tokens,
-        typical_output_tokens=settings.typical_output_tokens,
-        max_transfer_share=settings.max_transfer_share,
-        fail_on_transfer_share=settings.fail_on_transfer_share,
         system_instance_type=config.cluster.system_node_group.instance_type,
         system_nodes=config.cluster.system_node_group.desired_size,
         nat_gateways=config.network.nat_gateways,
-        interface_endpoints=len(config.network.interface_endpoints)
-        * len(config.network.availability_zones),
-        assumptions=Assumptions(
-            prefill_mfu=settings.prefill_mfu,
-            network_efficiency=settings.network_efficiency,
-            runtime_overhead_gib=settings.runtime_overhead_gib,
-        ),
+        interface_endpoints=len(config.network.interface_endpoints) * len(config.network.availability_zones),
+        settings=config.planner,
     )
 
 

@@ -44,9 +44,7 @@ def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype.lower()]
     except KeyError:
-        raise PlanningError(
-            f"{field_name('dtype')}={dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}"
-        ) from None
+        raise PlanningError(f"{field_name('dtype')}={dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}") from None
 
 
 def _m(name, layers, hidden, heads, kv, head_dim, params, vocab, max_pos):

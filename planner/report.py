@@ -6,10 +6,13 @@ from planner.core import GIB, PlanReport
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+
     # Text columns read best left-aligned, numbers right-aligned.
     def fmt(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+        )
 
     return [fmt(headers), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)]
 
@@ -32,8 +35,8 @@ def render_text(report: PlanReport) -> str:
         f"Plan for {m.name}: {m.num_parameters / 1e9:.2f}B parameters, {m.num_layers} layers, "
         f"{m.num_attention_heads} attention / {m.num_kv_heads} KV heads × {m.head_dim}",
         f"dtype {i.dtype_bytes} bytes, max_model_len {i.max_model_len}, "
-        f"gpu_memory_utilization {i.gpu_memory_utilization:g}; typical request {i.typical_prompt_tokens} "
-        f"prompt / {i.typical_output_tokens} output tokens",
+        f"gpu_memory_utilization {i.gpu_memory_utilization:g}; typical request {i.settings.typical_prompt_tokens} "
+        f"prompt / {i.settings.typical_output_tokens} output tokens",
         "",
         "Memory per GPU",
     ]
@@ -54,8 +57,13 @@ def render_text(report: PlanReport) -> str:
     out += _table(
         ["prompt tokens", "prefill", "KV to move", "transfer", "share"],
         [
-            [str(r.prompt_tokens), _ms(r.prefill_seconds), _size(r.kv_bytes), _ms(r.transfer_seconds),
-             f"{r.transfer_share:.1%}"]
+            [
+                str(r.prompt_tokens),
+                _ms(r.prefill_seconds),
+                _size(r.kv_bytes),
+                _ms(r.transfer_seconds),
+                f"{r.transfer_share:.1%}",
+            ]
             for r in report.transfer_rows
         ],
     )
@@ -81,8 +89,13 @@ def _scaling(scaling) -> list[str]:
     out += _table(
         ["GPU group", "min", "max", "serving", "NewCluster upgrade"],
         [
-            [f"{g.phase} ({g.instance_type})", str(g.min_size), str(g.max_size), str(g.steady_nodes),
-             f"{g.upgrade_nodes} ({'fits' if g.upgrade_nodes <= g.max_size else 'over max_size'})"]
+            [
+                f"{g.phase} ({g.instance_type})",
+                str(g.min_size),
+                str(g.max_size),
+                str(g.steady_nodes),
+                f"{g.upgrade_nodes} ({'fits' if g.upgrade_nodes <= g.max_size else 'over max_size'})",
+            ]
             for g in scaling.groups
         ],
     )
@@ -94,7 +107,10 @@ def _scaling(scaling) -> list[str]:
     for phase, times in scaling.replica_times.items():
         tables.setdefault(tuple(times), []).append(phase)
     for times, phases in tables.items():
-        out += ["", f"Time to a new {' or '.join(phases)} replica on a new node (estimates; calibrate with make verify)"]
+        out += [
+            "",
+            f"Time to a new {' or '.join(phases)} replica on a new node (estimates; calibrate with make verify)",
+        ]
         out += _table(
             ["step", *(t.source for t in times)],
             [

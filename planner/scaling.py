@@ -97,7 +97,11 @@ def replica_times(config: AppConfig, phase: str, weights_bytes: float) -> list[R
     image = (settings.image_compressed_gib + settings.image_unpacked_gib) * GIB / disk
     hf_rate = min(settings.hf_download_mibps * 2**20, disk)
     s3_rate = (settings.s3_stream_gbps or facts.network_gbps * settings.network_efficiency) * GB / 8
-    common = {"node_boot": settings.node_boot_seconds, "image_pull": image, "engine_start": settings.engine_start_seconds}
+    common = {
+        "node_boot": settings.node_boot_seconds,
+        "image_pull": image,
+        "engine_start": settings.engine_start_seconds,
+    }
     hf = ReplicaTime("Hugging Face through NAT", weights=weights_bytes / hf_rate, nat_gb=weights_bytes / GB, **common)
     s3 = ReplicaTime("S3 mirror, streamed", weights=weights_bytes / s3_rate, nat_gb=0.0, **common)
     return [s3, hf] if config.serving.model.is_s3 else [hf, s3]

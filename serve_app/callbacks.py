@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.llm._internal.common.callbacks.base import CallbackBase
 
 
@@ -17,4 +19,6 @@ class StreamWeightsFromS3(CallbackBase):
     """
 
     async def on_after_node_init(self) -> None:
-        self.llm_config.get_engine_config().hf_model_id = self.kwargs["model_uri"]
+        # Typed optional in Ray; a callback runs only with its LLMConfig set.
+        llm_config: Any = self.llm_config
+        llm_config.get_engine_config().hf_model_id = self.kwargs["model_uri"]

@@ -178,8 +178,7 @@ class KvTransferSpec(SpecModel):
     side_channel_host: str | None = Field(
         default=None,
         description=(
-            "Address NIXL's handshake listens on. Unset on the cluster (Ray uses the node IP); "
-            "127.0.0.1 on a laptop."
+            "Address NIXL's handshake listens on. Unset on the cluster (Ray uses the node IP); 127.0.0.1 on a laptop."
         ),
     )
     # Read by vLLM 0.26.0 (the cluster image's) and 0.32.0 alike: kv_connector/v1/nixl/base_worker.py
@@ -215,9 +214,7 @@ class PhaseSpec(SpecModel):
     target_ongoing_requests: int = Field(
         default=16, ge=1, description="Requests per replica that Serve autoscaling aims for."
     )
-    cpus_per_replica: float = Field(
-        default=4, gt=0, description="Ray CPUs reserved with each replica's first bundle."
-    )
+    cpus_per_replica: float = Field(default=4, gt=0, description="Ray CPUs reserved with each replica's first bundle.")
     gpu_fraction: float = Field(
         default=1.0,
         gt=0,
@@ -302,9 +299,7 @@ class ServingSpec(SpecModel):
     colocated: PhaseSpec = Field(
         default_factory=PhaseSpec, description="The engines of colocated mode (either GPU group)."
     )
-    kv_transfer: KvTransferSpec = Field(
-        default_factory=KvTransferSpec, description="How KV moves between phases."
-    )
+    kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec, description="How KV moves between phases.")
     prewarm_nixl: bool = Field(
         default=True,
         description="Send a dummy request through every prefill replica at start-up so the NIXL "
@@ -347,11 +342,11 @@ class ServingSpec(SpecModel):
     @model_validator(mode="after")
     def _device_consistency(self) -> ServingSpec:
         if self.device == "cpu" and self.kv_transfer.buffer_device == "cuda":
-            raise ValueError(
-                "kv_transfer.buffer_device is cuda but device is cpu; set kv_transfer.buffer_device: cpu"
-            )
+            raise ValueError("kv_transfer.buffer_device is cuda but device is cpu; set kv_transfer.buffer_device: cpu")
         named = [(f"env_vars.{k}", k) for k in self.env_vars] + [
-            (f"{phase}.env_vars.{k}", k) for phase in ("prefill", "decode", "colocated") for k in self.phase(phase).env_vars
+            (f"{phase}.env_vars.{k}", k)
+            for phase in ("prefill", "decode", "colocated")
+            for k in self.phase(phase).env_vars
         ]
         for where, key in named:
             if re.search(r"TOKEN|SECRET|PASSWORD|KEY", key, re.IGNORECASE):

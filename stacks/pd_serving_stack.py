@@ -13,10 +13,12 @@ from cdk_constructs.cluster import EksCluster
 from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.model_mirror import ModelMirror
 from cdk_constructs.network import Network
+from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
-from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.schema import AppConfig, DeployFacts
+from manifests.contract import PHASES, RAY_SERVICE_ACCOUNT
+from manifests.ray_service import ray_service as ray_service_manifest
 
 
 class PdServingStack(Stack):
@@ -69,7 +71,7 @@ class PdServingStack(Stack):
                 metadata_hop_limit=cluster_config.metadata_hop_limit,
                 kubernetes_version=cluster_config.kubernetes_version,
             )
-            for phase in ("prefill", "decode")
+            for phase in PHASES
         }
         for group in (system, *gpu_groups.values()):
             group.node.add_dependency(cni)
@@ -103,10 +105,19 @@ class PdServingStack(Stack):
         autoscaler.node.add_dependency(*nodegroups)
         addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
-        self.kuberay = addons.kuberay_operator(
-            self, cluster=cluster, version=charts.kuberay_operator
+        self.kuberay = addons.kuberay_operator(self, cluster=cluster, version=charts.kuberay_operator)
+        serving = RayServiceApp(
+            self,
+            "Serving",
+            cluster=cluster,
+            ray_service=config.ray_service,
+            serving=config.serving,
+            charts=charts,
+            render_manifest=lambda serve_config_v2: ray_service_manifest(
+                config, serve_config_v2=serve_config_v2, service_account=RAY_SERVICE_ACCOUNT
+            ),
+            operator=self.kuberay,
         )
-        serving = RayServiceApp(self, "Serving", cluster=cluster, config=config, operator=self.kuberay)
         mirror = None
         if config.model_mirror.enabled:
             mirror = ModelMirror(

@@ -17,9 +17,7 @@ CONFIG_DIR = ROOT / "config"
 # KubeRay 1.7.0's RayService CRD, vendored so the schema tests run in any clone.
 RAYSERVICE_CRD = ROOT / "tests" / "fixtures" / "kuberay-crds" / "ray.io_rayservices.yaml"
 RAYSERVICE_CRD_SHA256 = "0a8fc325e6e22b9231c1f282b309555e2ecf94227ca20a03df3d1d9a403907ab"
-SHIPPED_ENVIRONMENTS = sorted(
-    p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local")
-)
+SHIPPED_ENVIRONMENTS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local"))
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +135,7 @@ def with_changes(data: dict, changes: dict) -> dict:
 
 def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> dict:
     """The RayService manifest of a config, rendered as the construct renders it."""
-    from cdk_constructs.ray_service_manifest import ray_service
+    from manifests.ray_service import ray_service
     from serve_app.serve_config import serve_config_yaml
 
     return ray_service(

@@ -75,7 +75,10 @@ else:
 def run_with_runtime_only(args: list[str], **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", GUARD, json.dumps(sorted(runtime_closure())), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", **env},
     )
 

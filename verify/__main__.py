@@ -17,16 +17,17 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from cli.args import ArgumentParser
 from config.loader import load_config_or_exit
+from manifests.contract import METRICS_PORT, PHASES, SERVE_PORT
 from verify import checks
-from verify.kube import KubeError, KubectlRunner, RecordedKube, RecordingKube
+from verify.kube import KubectlRunner, KubeError, RecordedKube, RecordingKube
 
-SERVE_PORT = 8000
-METRICS_PORT = 8080
 ENDPOINT_FILE = "endpoint.json"
 
 
 # --- port-forwarding: the only part that starts processes ---------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -40,7 +41,9 @@ def port_forward(kubectl: KubectlRunner, namespace: str, target: str, port: int,
     local = _free_port()
     process = subprocess.Popen(
         [*kubectl.base, "port-forward", "-n", namespace, target, f"{local}:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + timeout
@@ -66,12 +69,14 @@ def port_forward(kubectl: KubectlRunner, namespace: str, target: str, port: int,
 
 # --- the endpoint checks, live or replayed -------------------------------------------------------
 
+
 def live_endpoint(args: argparse.Namespace, kubectl: KubectlRunner, namespace: str, name: str, model: str):
     def measure(workers: dict[str, str]) -> list[checks.CheckResult]:
         with ExitStack() as stack:
-            base_url = args.base_url or stack.enter_context(
-                port_forward(kubectl, namespace, f"svc/{name}-serve-svc", SERVE_PORT)
-            ) + "/v1"
+            base_url = (
+                args.base_url
+                or stack.enter_context(port_forward(kubectl, namespace, f"svc/{name}-serve-svc", SERVE_PORT)) + "/v1"
+            )
             # A deployment label per URL ("Decode/<pod>"): the phase is where the text came from.
             metrics = {}
             for item in args.metrics_url:
@@ -81,9 +86,7 @@ def live_endpoint(args: argparse.Namespace, kubectl: KubectlRunner, namespace: s
                 for pod, phase in sorted(workers.items()):
                     url = stack.enter_context(port_forward(kubectl, namespace, f"pod/{pod}", METRICS_PORT))
                     metrics[f"{phase.capitalize()}/{pod}"] = f"{url}/metrics"
-            return checks.verify_kv_reuse(
-                base_url, model, lambda: checks.phase_snapshot(metrics), timeout=args.timeout
-            )
+            return checks.verify_kv_reuse(base_url, model, lambda: checks.phase_snapshot(metrics), timeout=args.timeout)
 
     def run(workers: dict[str, str]) -> list[checks.CheckResult]:
         try:
@@ -115,13 +118,18 @@ def replica_estimates(config) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the environment's config, e.g. config/dev.yaml")
     parser.add_argument("--base-url", help="OpenAI base URL ending in /v1 (default: port-forward the serve service)")
-    parser.add_argument("--metrics-url", action="append", default=[], metavar="PHASE=URL",
-                        help="a Ray metrics URL and the phase whose engines it shows, e.g. decode=http://…/metrics; repeatable")
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--context")
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="PHASE=URL",
+        help="a Ray metrics URL and the phase whose engines it shows, e.g. decode=http://…/metrics; repeatable",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file for kubectl (default: kubectl's own)")
+    parser.add_argument("--context", help="kubeconfig context for kubectl (default: the current one)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for counters to move")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--recorded", metavar="DIR", help="replay outputs recorded with --record")
@@ -147,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             name=rs.name,
             app_name=config.serving.app_name,
             endpoint=endpoint,
-            gpu_groups={phase: (getattr(groups, phase).min_size, getattr(groups, phase).max_size)
-                        for phase in ("prefill", "decode")},
+            gpu_groups={phase: (getattr(groups, phase).min_size, getattr(groups, phase).max_size) for phase in PHASES},
             replica_estimates=replica_estimates(config),
             gated=bool(config.serving.model.hf_token_secret),
             deletion_delay_seconds=rs.cluster_deletion_delay_seconds,

@@ -12,31 +12,33 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from cdk_constructs.hf_token_mount import CSI_DRIVER
 from local.metrics import (
-    settled,
-    Sample,
     NIXL_TRANSFERS,
     PROMPT_TOKENS_BY_SOURCE,
+    Sample,
     counter_delta,
     engine_counters,
     parse,
     scrape,
+    settled,
 )
-from serve_app.spec import PHASES
+from manifests.contract import (
+    AUTOSCALER_NAME,
+    AUTOSCALER_NAMESPACE,
+    AUTOSCALER_STATUS_CONFIGMAP,
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    HEAD_CONTAINER,
+    PHASE_LABEL,
+    RAY_PODS_SELECTOR,
+    WORKER_CONTAINER,
+    WORKER_GROUPS,
+)
+from manifests.hf_token import CSI_DRIVER
 from verify.kube import Kube, KubeError
-
-# Kept equal to cdk_constructs.node_groups / ray_service_manifest (a test compares them); importing
-# those here would load aws-cdk-lib just to verify a cluster.
-PHASE_LABEL = "pd-serving/phase"
-WORKER_GROUPS = {f"{phase}-gpu": phase for phase in PHASES}
-WORKER_CONTAINER = "ray-worker"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPU_RESOURCE = "nvidia.com/gpu"
-RAY_PODS_SELECTOR = "ray.io/is-ray-node=yes"
 
 # Evidence that NIXL's LIBFABRIC backend runs on the efa provider, and of a fallback. Best effort:
 # the wording comes from NIXL's libfabric plugin (INFO level) and libfabric's own log, and changes
@@ -64,17 +66,15 @@ HF_TOKEN = "Hugging Face token mounted"
 ROLLOUT = "rollout state"
 REPLICA_TIME = "time to the last new replica"
 # Serve's controller logs each replica start with its duration; read on the head pod.
-SERVE_STARTS = "grep -h 'started successfully' /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 50"
-_STARTED = re.compile(r"^\w+ (\S+ \S+) .*Replica\(id='([^']+)', deployment='([^']+)'.*started successfully.*after ([0-9.]+)s")
-# Kept equal to cdk_constructs.hf_token (a test compares them). The script prints one word, never
-# the token: whether the file HF_TOKEN_PATH names exists and is not empty.
-HF_TOKEN_DRIVER = CSI_DRIVER
+SERVE_STARTS = (
+    "grep -h 'started successfully' /tmp/ray/session_latest/logs/serve/controller_*.log 2>/dev/null | tail -n 50"
+)
+_STARTED = re.compile(
+    r"^\w+ (\S+ \S+) .*Replica\(id='([^']+)', deployment='([^']+)'.*started successfully.*after ([0-9.]+)s"
+)
+# The script prints one word, never the token: whether the file HF_TOKEN_PATH names exists and is
+# not empty.
 HF_TOKEN_PROBE = 'if [ -s "$HF_TOKEN_PATH" ]; then echo present; elif [ -e "$HF_TOKEN_PATH" ]; then echo empty; else echo missing; fi'
-# The chart is installed with fullnameOverride=cluster-autoscaler; its status ConfigMap has the
-# autoscaler's default name (--status-config-map-name).
-AUTOSCALER_NAMESPACE = "kube-system"
-AUTOSCALER_DEPLOYMENT = "cluster-autoscaler"
-AUTOSCALER_STATUS = "cluster-autoscaler-status"
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,7 @@ def _running(pod: dict) -> bool:
 
 def replicas_on_their_node_groups(pods: dict, nodes: dict, cluster: str | None = None) -> CheckResult:
     phase_of = {
-        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(PHASE_LABEL)
-        for n in nodes.get("items") or []
+        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(PHASE_LABEL) for n in nodes.get("items") or []
     }
     workers = worker_pods(pods, cluster)
     problems, facts = [], []
@@ -200,9 +199,11 @@ def autoscaler_sees_gpu_groups(deployment: dict, status: dict, expected: Mapping
     problems, facts = [], []
     available = (deployment.get("status") or {}).get("availableReplicas") or 0
     if available < 1:
-        problems.append(f"deployment {AUTOSCALER_DEPLOYMENT} has no available replica")
+        problems.append(f"deployment {AUTOSCALER_NAME} has no available replica")
     if status.get("autoscalerStatus") != "Running":
-        problems.append(f"status is {status.get('autoscalerStatus') or 'missing'} (ConfigMap {AUTOSCALER_STATUS})")
+        problems.append(
+            f"status is {status.get('autoscalerStatus') or 'missing'} (ConfigMap {AUTOSCALER_STATUS_CONFIGMAP})"
+        )
     groups = status.get("nodeGroups") or []
     for phase, (low, high) in expected.items():
         mine = [g for g in groups if f"{phase}nodes" in (g.get("name") or "").lower()]
@@ -251,8 +252,11 @@ def rollout_state(rayservice: dict, rayclusters: dict, now: datetime, deletion_d
     pending_status = status.get("pendingServiceStatus") or {}
     pending = pending_status.get("rayClusterName")
     owned = {
-        c["metadata"]["name"]: c for c in rayclusters.get("items") or []
-        if any(o.get("kind") == "RayService" and o.get("name") == name for o in c["metadata"].get("ownerReferences") or [])
+        c["metadata"]["name"]: c
+        for c in rayclusters.get("items") or []
+        if any(
+            o.get("kind") == "RayService" and o.get("name") == name for o in c["metadata"].get("ownerReferences") or []
+        )
     }
     problems, facts = [], []
     if not active or active not in owned:
@@ -280,7 +284,9 @@ def rollout_state(rayservice: dict, rayclusters: dict, now: datetime, deletion_d
                 f"ready, longer than rayClusterDeletionDelaySeconds ({deletion_delay_seconds}); see the KubeRay operator's log"
             )
         else:
-            facts.append(f"old cluster {other} lingers for in-flight requests (deleted {deletion_delay_seconds} s after the switch)")
+            facts.append(
+                f"old cluster {other} lingers for in-flight requests (deleted {deletion_delay_seconds} s after the switch)"
+            )
     if active and not pending and set(owned) == {active}:
         facts.append("no other RayCluster")
     return _result(ROLLOUT, problems, facts)
@@ -293,7 +299,9 @@ def _condition_time(pod: dict, kind: str) -> datetime | None:
     return None
 
 
-def time_to_last_replica(pods: dict, serve_starts: str, estimates: Mapping[str, float], cluster: str | None = None) -> CheckResult:
+def time_to_last_replica(
+    pods: dict, serve_starts: str, estimates: Mapping[str, float], cluster: str | None = None
+) -> CheckResult:
     """How long the newest GPU worker took from its pod's creation to a serving replica, step by step
     (Kubernetes: waiting for a node, then image and Ray; Serve: weights and engine), next to the
     planner's estimate for a new replica on a new node."""
@@ -336,10 +344,10 @@ def hf_token_mounted(pods: dict, probes: Mapping[str, str], cluster: str | None 
         if not _running(pod):
             continue
         spec = pod.get("spec") or {}
-        volumes = [v for v in spec.get("volumes") or [] if (v.get("csi") or {}).get("driver") == HF_TOKEN_DRIVER]
+        volumes = [v for v in spec.get("volumes") or [] if (v.get("csi") or {}).get("driver") == CSI_DRIVER]
         env = {e.get("name"): e.get("value") for c in spec.get("containers") or [] for e in c.get("env") or []}
         if not volumes or "HF_TOKEN_PATH" not in env:
-            problems.append(f"{name}: no {HF_TOKEN_DRIVER} volume or no HF_TOKEN_PATH")
+            problems.append(f"{name}: no {CSI_DRIVER} volume or no HF_TOKEN_PATH")
             continue
         if "HF_TOKEN" in env or "HUGGING_FACE_HUB_TOKEN" in env:
             problems.append(f"{name}: a token variable is set in the pod's environment")
@@ -448,6 +456,7 @@ def chat_completion_works(
 
 def kv_transferred(before: Counters, after: Counters, prompt_tokens: int) -> CheckResult:
     """Prefill computed the prompt, decode received it over NIXL and computed none of it itself."""
+
     def delta(prefix: str, metric: str, source: str = "") -> float:
         return counter_delta(before, after, prefix, metric, source)
 
@@ -470,8 +479,12 @@ def kv_transferred(before: Counters, after: Counters, prompt_tokens: int) -> Che
         f"prompt {prompt_tokens} tokens; prefill local_compute +{prefilled:g}; decode "
         f"external_kv_transfer +{received:g}, local_compute +{recomputed:g}; NIXL transfers +{transfers:g}"
     )
-    return CheckResult(KV, not problems, "; ".join(problems) + (f" ({facts})" if problems else facts),
-                       {"before": before, "after": after, "prompt_tokens": prompt_tokens})
+    return CheckResult(
+        KV,
+        not problems,
+        "; ".join(problems) + (f" ({facts})" if problems else facts),
+        {"before": before, "after": after, "prompt_tokens": prompt_tokens},
+    )
 
 
 def engine_snapshot(metrics_url: str, replicas: Mapping[str, str]) -> Counters:
@@ -526,10 +539,7 @@ def endpoint_record(results: list[CheckResult]) -> dict:
     by_name = {r.name: r.data for r in results}
     return {
         "chat": by_name.get(CHAT, {}).get("response", {}),
-        **{
-            key: [[*k, v] for k, v in sorted(by_name.get(KV, {}).get(key, {}).items())]
-            for key in ("before", "after")
-        },
+        **{key: [[*k, v] for k, v in sorted(by_name.get(KV, {}).get(key, {}).items())] for key in ("before", "after")},
     }
 
 
@@ -569,27 +579,38 @@ def run_all(
             logs[pod] = kube.logs(pod, namespace, WORKER_CONTAINER) + kube.ray_logs(pod, namespace, WORKER_CONTAINER)
         except KubeError as exc:
             logs[pod] = f"(logs unreadable: {exc})"
-    deployment = kube.get_json(["get", "deployment", AUTOSCALER_DEPLOYMENT, "-n", AUTOSCALER_NAMESPACE])
-    status = autoscaler_status(kube.get_json(["get", "configmap", AUTOSCALER_STATUS, "-n", AUTOSCALER_NAMESPACE]))
+    deployment = kube.get_json(["get", "deployment", AUTOSCALER_NAME, "-n", AUTOSCALER_NAMESPACE])
+    status = autoscaler_status(
+        kube.get_json(["get", "configmap", AUTOSCALER_STATUS_CONFIGMAP, "-n", AUTOSCALER_NAMESPACE])
+    )
     # The autoscaler's own clock (its last status write) dates a recording consistently.
-    now = _status_time(status.get("time", "")) or datetime.now(timezone.utc)
+    now = _status_time(status.get("time", "")) or datetime.now(UTC)
     token = []
     if gated:
         probes = {}
         for pod in sorted(running):
             try:
-                probes[pod] = kube.text(["exec", pod, "-n", namespace, "-c", WORKER_CONTAINER, "--", "sh", "-c", HF_TOKEN_PROBE])
+                probes[pod] = kube.text(
+                    ["exec", pod, "-n", namespace, "-c", WORKER_CONTAINER, "--", "sh", "-c", HF_TOKEN_PROBE]
+                )
             except KubeError as exc:
                 probes[pod] = f"not readable ({exc})"
         token = [hf_token_mounted(pods, probes, cluster)]
-    rollout = rollout_state(rayservice, kube.get_json(["get", "rayclusters", "-n", namespace]), now, deletion_delay_seconds)
+    rollout = rollout_state(
+        rayservice, kube.get_json(["get", "rayclusters", "-n", namespace]), now, deletion_delay_seconds
+    )
     heads = [
-        p["metadata"]["name"] for p in pods.get("items") or []
+        p["metadata"]["name"]
+        for p in pods.get("items") or []
         if (p["metadata"].get("labels") or {}).get("ray.io/node-type") == "head"
         and (not cluster or (p["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster)
     ]
     try:
-        serve_starts = kube.text(["exec", heads[0], "-n", namespace, "-c", "ray-head", "--", "sh", "-c", SERVE_STARTS]) if heads else ""
+        serve_starts = (
+            kube.text(["exec", heads[0], "-n", namespace, "-c", HEAD_CONTAINER, "--", "sh", "-c", SERVE_STARTS])
+            if heads
+            else ""
+        )
     except KubeError:
         serve_starts = ""
     timing = time_to_last_replica(pods, serve_starts, replica_estimates, cluster)

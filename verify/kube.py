@@ -29,7 +29,7 @@ def slug(args: list[str]) -> str:
     text = re.sub(r"[^A-Za-z0-9.=-]+", "_", " ".join(args)).strip("_")
     if len(text) <= _SLUG_MAX:
         return text
-    return f"{text[:_SLUG_MAX - 11]}_{hashlib.sha1(' '.join(args).encode()).hexdigest()[:10]}"
+    return f"{text[: _SLUG_MAX - 11]}_{hashlib.sha1(' '.join(args).encode()).hexdigest()[:10]}"
 
 
 class Kube:
@@ -47,8 +47,7 @@ class Kube:
     def ray_logs(self, pod: str, namespace: str, container: str, lines: int = 500) -> str:
         """The NIXL/libfabric lines of the Ray session logs inside a pod."""
         script = (
-            f"grep -h -i -E '{RAY_LOG_LINES}' {RAY_LOG_DIR}/*.out {RAY_LOG_DIR}/*.err 2>/dev/null"
-            f" | tail -n {lines}"
+            f"grep -h -i -E '{RAY_LOG_LINES}' {RAY_LOG_DIR}/*.out {RAY_LOG_DIR}/*.err 2>/dev/null | tail -n {lines}"
         )
         return self.text(["exec", pod, "-n", namespace, "-c", container, "--", "sh", "-c", script])
 
@@ -73,7 +72,9 @@ class KubectlRunner(Kube):
                 [*self.base, *args], capture_output=True, text=True, timeout=self.timeout, check=False
             )
         except subprocess.TimeoutExpired:
-            raise KubeError(f"`kubectl {' '.join(args)}` took over {self.timeout:.0f} s; is the cluster reachable?") from None
+            raise KubeError(
+                f"`kubectl {' '.join(args)}` took over {self.timeout:.0f} s; is the cluster reachable?"
+            ) from None
         if done.returncode != 0:
             detail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
             raise KubeError(

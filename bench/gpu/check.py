@@ -8,16 +8,14 @@ then runs the tiny and chat workloads on both modes and writes the comparison to
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-import openai
-
 from bench.compare import compare
 from bench.run import default_tokenizer
+from cli.args import ArgumentParser
 from local.harness import LocalServer
 from local.metrics import NIXL_TRANSFERS, PROMPT_TOKENS_BY_SOURCE, counter_delta
 
@@ -26,6 +24,8 @@ DEFAULT_SPEC = HERE / "one-gpu.yaml"
 
 
 def kv_evidence(spec: Path) -> dict:
+    import openai  # here, not at the top, so that --help and a mistyped flag answer at once
+
     server = LocalServer(mode="disaggregated", spec=spec).start()
     try:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120)
@@ -39,7 +39,9 @@ def kv_evidence(spec: Path) -> dict:
             "ready_seconds": server.status.get("ready_seconds"),
             "one_request_seconds": round(latency, 3),
             "prompt_tokens": response.usage.prompt_tokens,
-            "decode_external_kv_tokens": counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer"),
+            "decode_external_kv_tokens": counter_delta(
+                before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer"
+            ),
             "decode_local_tokens": counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute"),
             "nixl_transfers": counter_delta(before, after, "Decode", NIXL_TRANSFERS),
         }
@@ -48,9 +50,11 @@ def kv_evidence(spec: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--spec", default=str(DEFAULT_SPEC))
+    parser = ArgumentParser(prog="python -m bench.gpu.check", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the KV evidence, tables and plots")
+    parser.add_argument(
+        "--spec", default=str(DEFAULT_SPEC), help="serving spec of the local servers (default: bench/gpu/one-gpu.yaml)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,8 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     (out / "kv-evidence.json").write_text(json.dumps(evidence, indent=2))
     print(json.dumps(evidence, indent=2), flush=True)
     for workload in ("tiny", "chat"):
-        text = compare(workload_name=workload, model="tiny-llama", tokenizer=default_tokenizer(),
-                       out_dir=out / workload, local=True, spec=Path(args.spec))
+        text = compare(
+            workload_name=workload,
+            model="tiny-llama",
+            tokenizer=default_tokenizer(),
+            out_dir=out / workload,
+            local=True,
+            spec=Path(args.spec),
+        )
         print(text, flush=True)
     ok = evidence["decode_external_kv_tokens"] == evidence["prompt_tokens"] and evidence["decode_local_tokens"] == 0
     return 0 if ok else 1

@@ -1,0 +1,86 @@
+"""The names every part of the deployment shares: labels, taints, tolerations, worker groups, ports,
+containers, service accounts, Helm releases and namespaces.
+
+The node groups set these labels and taints, the RayService selects and tolerates them, the charts
+are installed under these releases, and `make verify` and the mirror Job look things up by them.
+Each name is written here once; everything else imports it.
+"""
+
+from __future__ import annotations
+
+# The phases, the custom Ray resource of each and Serve's port belong to the serving app; they are
+# part of the contract too.
+from serve_app.serve_config import SERVE_PORT as SERVE_PORT
+from serve_app.spec import PHASE_RESOURCE as PHASE_RESOURCE
+from serve_app.spec import PHASES as PHASES
+
+# --- node labels and taints ----------------------------------------------------------------------
+ROLE_LABEL = "role"
+SYSTEM_ROLE = "system"
+GPU_ROLE = "gpu"
+PHASE_LABEL = "pd-serving/phase"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+EFA_TAINT_KEY = "aws.amazon.com/efa"
+# NVIDIA's device plugin chart (0.20.0) keeps a default node affinity on top of any nodeSelector:
+# it runs only where NFD's PCI labels or this label say "NVIDIA GPU". EKS's AL2023 NVIDIA nodes
+# carry it only from Kubernetes 1.35, so the GPU groups set it for every version the config accepts.
+NVIDIA_GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+
+SYSTEM_NODE_SELECTOR = {ROLE_LABEL: SYSTEM_ROLE}
+GPU_NODE_SELECTOR = {ROLE_LABEL: GPU_ROLE}
+
+# --- extended resources the device plugins advertise ---------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+
+def gpu_tolerations() -> list[dict[str, str]]:
+    """What a pod needs to run on a GPU node: both of its taints."""
+    return [
+        {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": EFA_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+
+
+# --- Ray worker groups: one per phase --------------------------------------------------------------
+WORKER_GROUP_SUFFIX = "-gpu"
+
+
+def worker_group_name(phase: str) -> str:
+    return f"{phase}{WORKER_GROUP_SUFFIX}"
+
+
+# KubeRay's ray.io/group label of a worker pod -> the phase it serves.
+WORKER_GROUPS: dict[str, str] = {worker_group_name(phase): phase for phase in PHASES}
+# The same, as a regular expression whose first group is the phase (Prometheus relabelling).
+WORKER_GROUP_PHASE_REGEX = "(" + "|".join(PHASES) + ")" + WORKER_GROUP_SUFFIX
+
+# --- Ray pods ---------------------------------------------------------------------------------------
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+RAY_PODS_SELECTOR = "ray.io/is-ray-node=yes"
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
+METRICS_PORT = 8080
+# Every Ray pod exports its node's metrics on the container port of this name; the scrapers keep it.
+METRICS_PORT_NAME = "metrics"
+RAY_SERVICE_ACCOUNT = "ray-serve"
+MIRROR_SERVICE_ACCOUNT = "model-mirror"
+
+# --- Helm releases and their namespaces -------------------------------------------------------------
+KUBE_SYSTEM = "kube-system"
+KUBERAY_NAMESPACE = "kuberay-system"
+KUBERAY_RELEASE = "kuberay-operator"
+NVIDIA_DEVICE_PLUGIN_RELEASE = "nvidia-device-plugin"
+EFA_DEVICE_PLUGIN_RELEASE = "aws-efa-k8s-device-plugin"
+AUTOSCALER_NAMESPACE = KUBE_SYSTEM
+# The chart's fullnameOverride: the Deployment, its status ConfigMap's prefix and its service account.
+AUTOSCALER_NAME = "cluster-autoscaler"
+AUTOSCALER_RELEASE = AUTOSCALER_NAME
+AUTOSCALER_SERVICE_ACCOUNT = AUTOSCALER_NAME
+# The autoscaler's default status ConfigMap (--status-config-map-name), which `make verify` reads.
+AUTOSCALER_STATUS_CONFIGMAP = "cluster-autoscaler-status"
+CSI_NAMESPACE = KUBE_SYSTEM
+CSI_DRIVER_RELEASE = "secrets-store-csi-driver"
+CSI_PROVIDER_RELEASE = "secrets-store-csi-driver-provider-aws"

@@ -1,0 +1,76 @@
+"""A gated model's token as Kubernetes objects: the SecretProviderClass that names the secret, the
+values of the CSI driver's and AWS provider's charts, and where the token appears in a pod (the CSI
+volume, its mount and HF_TOKEN_PATH).
+
+No CDK here, so that the mirror Job's manifest and `make verify` use the same names as the Ray
+pods (``cdk_constructs.hf_token`` installs the charts and the SecretProviderClass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+PROVIDER_CLASS = "hf-token"
+VOLUME = "hf-token"
+MOUNT_PATH = "/var/run/secrets/huggingface"
+FILE_NAME = "token"
+TOKEN_PATH = f"{MOUNT_PATH}/{FILE_NAME}"
+CSI_DRIVER = "secrets-store.csi.k8s.io"
+ROTATION_POLL_INTERVAL = "3600s"
+# Every node that runs Ray pods: the system nodes (head) and the tainted GPU nodes (workers).
+EVERYWHERE = [{"operator": "Exists"}]
+
+
+def pod_volume() -> dict[str, Any]:
+    return {
+        "name": VOLUME,
+        "csi": {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS}},
+    }
+
+
+def container_mount() -> dict[str, Any]:
+    return {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}
+
+
+def container_env() -> dict[str, str]:
+    return {"name": "HF_TOKEN_PATH", "value": TOKEN_PATH}
+
+
+def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
+    """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
+    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
+    return {
+        "apiVersion": "secrets-store.csi.x-k8s.io/v1",
+        "kind": "SecretProviderClass",
+        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
+        "spec": {
+            "provider": "aws",
+            "parameters": {
+                "objects": yaml.safe_dump(objects, sort_keys=False),
+                "usePodIdentity": "true",
+                "region": region,
+            },
+        },
+    }
+
+
+def driver_values() -> dict[str, Any]:
+    return {
+        "linux": {"tolerations": EVERYWHERE},
+        # Pod Identity: the provider exchanges a token of this audience for the pod's role.
+        "tokenRequests": [{"audience": "sts.amazonaws.com"}, {"audience": "pods.eks.amazonaws.com"}],
+        "enableSecretRotation": True,
+        "rotationPollInterval": ROTATION_POLL_INTERVAL,
+    }
+
+
+def provider_values(region: str) -> dict[str, Any]:
+    return {
+        # The driver is installed (and pinned) on its own.
+        "secrets-store-csi-driver": {"install": False},
+        # Its default tolerates nothing: on the tainted GPU nodes the mount would fail.
+        "tolerations": EVERYWHERE,
+        "awsRegion": region,
+    }

@@ -1,0 +1,286 @@
+"""The RayService and its serve Service as data, built from the config; no CDK here, so tests and
+KubeRay's mirrored rules take them alone."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from config import catalog
+from config.schema import AppConfig, RayServiceConfig
+from config.versions import MODEL_STREAMER_PACKAGES
+from manifests import hf_token
+from manifests.contract import (
+    CLIENT_PORT,
+    DASHBOARD_PORT,
+    EFA_RESOURCE,
+    GCS_PORT,
+    GPU_RESOURCE,
+    GPU_ROLE,
+    HEAD_CONTAINER,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    PHASE_LABEL,
+    PHASE_RESOURCE,
+    PHASES,
+    ROLE_LABEL,
+    SERVE_PORT,
+    SYSTEM_NODE_SELECTOR,
+    WORKER_CONTAINER,
+    gpu_tolerations,
+    worker_group_name,
+)
+
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# With rollout: new_cluster, a hash of the Serve config (serve_app's asset URI, named by its content
+# hash, and the serving spec) on every pod template: KubeRay hashes pod-template annotations into
+# the cluster spec (not RayService annotations, not serveConfigV2), so a change of either starts a
+# NewCluster upgrade.
+SERVING_REVISION = "pd-serving/serving-revision"
+# Where a streaming worker's init container installs the model streamer; on the Ray container's
+# PYTHONPATH, which Ray keeps for every worker process behind a working_dir's path
+# (ray/_private/runtime_env/working_dir.py, set_pythonpath_in_context).
+MODEL_STREAMER_DIR = "/opt/model-streamer"
+# Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
+NODE_RESERVED_CPUS = 4
+NODE_MEMORY_SHARE = 0.8
+
+
+def _pod_ip_env(name: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def _region_env(config: AppConfig) -> list[dict[str, str]]:
+    # EKS Pod Identity supplies credentials, not a region; naming it keeps Ray's S3 downloads
+    # (boto3) and the Run:ai streamer (AWS C++ SDK, reads either name) from guessing one.
+    return [{"name": name, "value": config.aws.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
+
+
+def add_model_streamer(group: dict[str, Any], image: str) -> None:
+    """Installs vLLM's Run:ai streamer into the group's pods before Ray starts (the image lacks it)."""
+    pod = group["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR}
+    pod.setdefault("initContainers", []).append(
+        {
+            "name": "install-model-streamer",
+            "image": image,
+            # The serving image's own Python and pip (/opt/venv), through the NAT gateway to PyPI.
+            "command": [
+                "python",
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                MODEL_STREAMER_DIR,
+                *MODEL_STREAMER_PACKAGES,
+            ],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+            "volumeMounts": [mount],
+        }
+    )
+    pod.setdefault("volumes", []).append({"name": "model-streamer", "emptyDir": {"sizeLimit": "1Gi"}})
+    container.setdefault("volumeMounts", []).append({**mount, "readOnly": True})
+    container.setdefault("env", []).append({"name": "PYTHONPATH", "value": MODEL_STREAMER_DIR})
+
+
+def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[str, Any]:
+    head = config.ray_service.head
+    resources = {"cpu": head.cpu, "memory": head.memory}
+    return {
+        # The head schedules no replicas: it runs the Serve controller and the proxy only.
+        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+                "containers": [
+                    {
+                        "name": HEAD_CONTAINER,
+                        "image": image,
+                        "resources": {"requests": resources, "limits": resources},
+                        # The NVIDIA container hook fails on nodes without a driver otherwise.
+                        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_region_env(config)],
+                        "ports": [
+                            {"containerPort": GCS_PORT, "name": "gcs-server"},
+                            {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+                            {"containerPort": CLIENT_PORT, "name": "client"},
+                            {"containerPort": SERVE_PORT, "name": "serve"},
+                            {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
+                        ],
+                        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
+                    }
+                ],
+            }
+        },
+    }
+
+
+def worker_group(config: AppConfig, phase: str, *, image: str, service_account: str) -> dict[str, Any]:
+    group = getattr(config.cluster.gpu_node_groups, phase)
+    facts = catalog.INSTANCES[group.instance_type]
+    cpus = max(1, facts.vcpus - NODE_RESERVED_CPUS)
+    memory_gib = int(facts.memory_gib * NODE_MEMORY_SHARE)
+    # Half of the pod's memory may back /dev/shm: NIXL stages KV blocks there when the buffer
+    # device is cpu, and vLLM's workers exchange tensors through it.
+    shm_gib = memory_gib // 2
+    resources = {
+        "cpu": str(cpus),
+        "memory": f"{memory_gib}Gi",
+        GPU_RESOURCE: str(facts.gpu_count),
+        EFA_RESOURCE: str(facts.efa_interfaces),
+    }
+    side_channel = config.serving.side_channel_port(phase)
+    return {
+        "groupName": worker_group_name(phase),
+        "replicas": group.desired_size,
+        "minReplicas": group.min_size,
+        "maxReplicas": group.max_size,
+        # KubeRay takes a group's Ray resources from rayStartParams or from this map, never both
+        # (validateRayGroupResources); the map turns CPU and GPU into --num-cpus/--num-gpus and
+        # the phase resource into --resources. Memory comes from the container limit.
+        "rayStartParams": {},
+        "resources": {"CPU": str(cpus), "GPU": str(facts.gpu_count), PHASE_RESOURCE[phase]: "1"},
+        "template": {
+            # Ray's autoscaler removes idle worker pods itself; Cluster Autoscaler must not evict
+            # a serving worker to pack nodes (it removes a node once Ray has emptied it).
+            "metadata": {"annotations": {SAFE_TO_EVICT: "false"}},
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeSelector": {ROLE_LABEL: GPU_ROLE, PHASE_LABEL: phase},
+                "tolerations": gpu_tolerations(),
+                "containers": [
+                    {
+                        "name": WORKER_CONTAINER,
+                        "image": image,
+                        "resources": {"requests": resources, "limits": resources},
+                        "env": [
+                            {"name": "FI_PROVIDER", "value": "efa"},
+                            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+                            _pod_ip_env("VLLM_HOST_IP"),
+                            *_region_env(config),
+                        ],
+                        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                        "ports": [
+                            {"containerPort": side_channel, "name": "nixl-side"},
+                            {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
+                        ],
+                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    }
+                ],
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}],
+            },
+        },
+    }
+
+
+def serve_service_name(rs: RayServiceConfig) -> str:
+    """KubeRay's name for a RayService's serve Service (``GenerateServeServiceName``)."""
+    return f"{rs.name}-serve-svc"
+
+
+def serve_service(rs: RayServiceConfig) -> dict[str, Any] | None:
+    """The RayService's ``serveService``: an internal NLB in front of Serve, when the config asks for one."""
+    exposure = rs.endpoint
+    if not exposure.internal_nlb:
+        return None
+    return {
+        "metadata": {
+            "name": serve_service_name(rs),
+            "annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+                "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+                "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+            },
+        },
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerSourceRanges": list(exposure.allowed_cidrs),
+            "ports": [{"name": "serve", "port": SERVE_PORT, "targetPort": SERVE_PORT}],
+        },
+    }
+
+
+def owned_serve_service(rs: RayServiceConfig) -> dict[str, Any] | None:
+    """The NLB's Service as an object of the stack's own, created before the RayService.
+
+    KubeRay would create it owned by the RayService, and deleting the RayService returns before
+    the Service's load-balancer finalizer has run; the stack would then delete the controller and
+    the nodes, leaving the NLB, its security group and ENIs in the VPC. An existing Service is not
+    adopted: KubeRay only replaces its spec (selector included) when it points it at a new
+    RayCluster (``reconcileServices`` in rayservice_controller.go, v1.7.0). So the stack owns it,
+    with no selector of its own, and deletes it after the RayService with ``kubectl delete``, which
+    waits for the finalizer, before the controller and the nodes go.
+    """
+    service = serve_service(rs)
+    if service is None:
+        return None
+    metadata = {**service["metadata"], "namespace": rs.namespace}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": service["spec"]}
+
+
+def mount_hf_token(group: dict[str, Any]) -> None:
+    """The gated model's token as a file in the group's pods, named by HF_TOKEN_PATH (no value in env)."""
+    pod = group["template"]["spec"]
+    pod.setdefault("volumes", []).append(hf_token.pod_volume())
+    container = pod["containers"][0]
+    container.setdefault("volumeMounts", []).append(hf_token.container_mount())
+    container.setdefault("env", []).append(hf_token.container_env())
+
+
+def serving_revision(serve_config_v2: str) -> str:
+    return hashlib.sha256(serve_config_v2.encode()).hexdigest()[:16]
+
+
+def annotate_revision(group: dict[str, Any], revision: str) -> None:
+    metadata = group["template"].setdefault("metadata", {})
+    metadata.setdefault("annotations", {})[SERVING_REVISION] = revision
+
+
+def ray_service(config: AppConfig, *, serve_config_v2: str, service_account: str) -> dict[str, Any]:
+    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec."""
+    rs = config.ray_service
+    image = rs.image_for(config.aws.region)
+    spec: dict[str, Any] = {
+        "serveConfigV2": serve_config_v2,
+        # A change to the cluster spec brings up a new RayCluster and moves traffic once its
+        # Serve app is healthy; the old one keeps serving in-flight requests for the delay.
+        # (NewClusterWithIncrementalUpgrade would need the Gateway API and ignores serveService.)
+        "upgradeStrategy": {"type": "NewCluster"},
+        "rayClusterDeletionDelaySeconds": rs.cluster_deletion_delay_seconds,
+        "rayClusterConfig": {
+            "rayVersion": rs.ray_version,
+            "enableInTreeAutoscaling": True,
+            # Ray drops an idle worker pod after as long as Cluster Autoscaler keeps an idle node
+            # (valid with autoscaler v1 and v2: ValidateRayClusterSpec).
+            "autoscalerOptions": {"idleTimeoutSeconds": config.cluster.autoscaling.scale_down_idle_minutes * 60},
+            "headGroupSpec": head_group(config, image=image, service_account=service_account),
+            "workerGroupSpecs": [
+                worker_group(config, phase, image=image, service_account=service_account) for phase in PHASES
+            ],
+        },
+    }
+    groups = [spec["rayClusterConfig"]["headGroupSpec"], *spec["rayClusterConfig"]["workerGroupSpecs"]]
+    revision = serving_revision(serve_config_v2) if rs.rollout == "new_cluster" else None
+    for group in groups:
+        if config.serving.model.hf_token_secret:
+            mount_hf_token(group)
+        if revision:
+            annotate_revision(group, revision)
+    if config.serving.model.streams:
+        for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
+            add_model_streamer(group, image)
+    service = serve_service(rs)
+    if service:
+        spec["serveService"] = service
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": rs.name, "namespace": rs.namespace, "labels": {"app.kubernetes.io/name": rs.name}},
+        "spec": spec,
+    }

@@ -1,0 +1,144 @@
+"""The benchmark harness's own logic: presets, the generator's arguments, tables and ratios."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from bench.compare import ratio_table
+from bench.run import bench_args, dated_dir, load_workloads, row_from_result, server_root, table
+
+
+def test_presets_include_long_prompt_chat_and_tiny():
+    workloads = load_workloads()
+    assert {"long-prompt", "chat", "tiny"} <= set(workloads)
+    long_prompt = workloads["long-prompt"]
+    assert (long_prompt.input_len, long_prompt.output_len) == (4096, 256)
+    assert long_prompt.concurrency == sorted(long_prompt.concurrency)
+
+
+def test_generator_arguments(tmp_path):
+    workload = load_workloads()["long-prompt"]
+    args = bench_args(
+        url="http://lb.internal:8000/v1/",
+        model="qwen",
+        tokenizer="Qwen/Qwen2.5-7B-Instruct",
+        workload=workload,
+        concurrency=8,
+        out_dir=tmp_path,
+        label="disaggregated",
+    )
+    pairs = dict(zip(args[::1], args[1::1], strict=False))
+    assert pairs["--base-url"] == "http://lb.internal:8000"
+    assert pairs["--endpoint"] == "/v1/completions"
+    assert pairs["--random-input-len"] == "4096" and pairs["--random-output-len"] == "256"
+    assert pairs["--max-concurrency"] == "8"
+    assert pairs["--metric-percentiles"] == "50,90,99"
+    goodput = args.index("--goodput")
+    assert args[goodput + 1 : goodput + 3] == ["ttft:3000.0", "tpot:100.0"]
+    assert pairs["--result-filename"] == "disaggregated-long-prompt-c8.json"
+
+
+@pytest.mark.serving
+def test_generator_arguments_parse_with_vllms_own_parser(tmp_path):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    parsed = parser.parse_args(
+        bench_args(
+            url="http://127.0.0.1:8000/v1",
+            model="tiny-llama",
+            tokenizer="/tmp/tok",
+            workload=load_workloads()["tiny"],
+            concurrency=2,
+            out_dir=tmp_path,
+            label="x",
+        )
+    )
+    assert parsed.max_concurrency == 2
+    assert parsed.dataset_name == "random"
+    assert parsed.random_input_len == 64
+
+
+def test_server_root_strips_the_api_prefix():
+    assert server_root("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
+    assert server_root("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+
+
+def _row(label, concurrency, ttft, tput):
+    result = {
+        "completed": 10,
+        "failed": 0,
+        "request_throughput": tput,
+        "output_throughput": tput * 100,
+        "request_goodput": tput / 2,
+    }
+    for metric, base in (("ttft", ttft), ("tpot", 10.0), ("itl", 10.0)):
+        for p, factor in ((50, 1.0), (90, 1.5), (99, 2.0)):
+            result[f"p{p}_{metric}_ms"] = base * factor
+    return row_from_result(label, concurrency, result)
+
+
+def test_rows_from_a_vllm_result():
+    row = _row("pd", 4, 100.0, 2.0)
+    assert row.latency_ms["p99_ttft"] == 200.0
+    assert row.goodput == 1.0
+    assert "| pd | 4 | 10 | 0 | 2.00 | 200.0 | 1.00 | 100.0 | 150.0 | 200.0 |" in table([row])
+
+
+def test_ratio_table_divides_disaggregated_by_colocated():
+    ratios = ratio_table(
+        [_row("pd", 1, 300.0, 1.0), _row("pd", 4, 400.0, 3.0)], [_row("co", 1, 100.0, 2.0), _row("co", 4, 800.0, 3.0)]
+    )
+    lines = ratios.splitlines()
+    assert lines[2].startswith("| 1 | 0.50× | 0.50× | 0.50× | 3.00× | 3.00× | 3.00× |")
+    assert lines[3].startswith("| 4 | 1.00× | 1.00× | 1.00× | 0.50× |")
+
+
+def test_results_go_to_a_dated_folder(tmp_path):
+    assert dated_dir(tmp_path, now=dt.datetime(2026, 11, 30, 12, 0, 5)) == tmp_path / "2026-11-30_120005"
+
+
+def test_gpu_check_script_is_valid_bash():
+    import subprocess
+
+    from bench.run import ROOT
+
+    result = subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu" / "run.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_gpu_fraction_cannot_combine_with_tensor_parallelism():
+    from pydantic import ValidationError
+
+    from serve_app.spec import PhaseSpec
+
+    with pytest.raises(ValidationError, match="cannot combine with tensor_parallel_size 2"):
+        PhaseSpec(gpu_fraction=0.5, tensor_parallel_size=2)
+
+
+def test_ttft_tables_give_the_gap_and_where_it_goes():
+    from bench.ttft import SizeResult, ttft_table, where_it_goes, where_table
+
+    pd = [SizeResult("short", 20, [0.12, 0.10, 0.11]), SizeResult("long", 1500, [0.16, 0.15, 0.30])]
+    co = [SizeResult("short", 20, [0.03, 0.02, 0.04]), SizeResult("long", 1500, [0.06, 0.05, 0.07])]
+    text = ttft_table({"disaggregated": pd, "colocated": co})
+    assert "| disaggregated | 110 / 120 | 160 / 300 |" in text
+    assert "| P/D − colocated | +80 / +80 | +100 / +230 |" in text
+    where = {
+        "short": {"Prefill ttft": 40.0, "Decode ttft": 50.0, "Decode nixl": 4.0},
+        "long": {"Prefill ttft": 90.0, "Decode ttft": 60.0, "Decode nixl": 6.0},
+    }
+    rows = where_it_goes(pd, where, "disaggregated")
+    assert rows["short"]["outside the engines (hand-off, tokenizing, batching, HTTP)"] == pytest.approx(110 - 90)
+    assert "| prefill engine (queue + prefill) | 40 | 90 |" in where_table(rows)
+
+
+def test_ttft_prompts_are_unique_and_of_the_asked_length():
+    from bench.ttft import prompt_of
+
+    first, second = prompt_of(500), prompt_of(500)
+    assert len(first) == len(second) == 500 and first[:32] != second[:32]

@@ -1,0 +1,166 @@
+"""A gated model's Hugging Face token reaches the pods by reference (Secrets Store CSI + ASCP, Pod
+Identity) and never travels as a value: not in the template, the Serve config, a runtime_env or an
+environment variable Ray copies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from config import versions
+from config.loader import ConfigError, parse_config
+from manifests import hf_token
+from tests.conftest import CONFIG_DIR, synth_variant
+from tests.secret_scan import find_secrets
+
+SECRET = "pd-serving/hf-token"
+GATED_MODEL = {
+    "model_id": "llama-3.1-8b",
+    "source": "meta-llama/Llama-3.1-8B-Instruct",
+    "gated": True,
+    "hf_token_secret": SECRET,
+}
+
+
+def gated_data(secret: str = SECRET) -> dict:
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {**GATED_MODEL, "hf_token_secret": secret}
+    return data
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    return synth_variant(tmp_path_factory.mktemp("gated"), gated_data(), "gated")
+
+
+def charts(template) -> dict[str, dict]:
+    return {r["Properties"]["Chart"]: r for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()}
+
+
+def test_each_ray_pod_mounts_the_secret_through_the_csi_driver(gated):
+    stack, _ = gated
+    cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == hf_token.VOLUME]
+        assert volume["csi"] == {
+            "driver": "secrets-store.csi.k8s.io",
+            "readOnly": True,
+            "volumeAttributes": {"secretProviderClass": hf_token.PROVIDER_CLASS},
+        }
+        (container,) = pod["containers"]
+        assert {"name": hf_token.VOLUME, "mountPath": hf_token.MOUNT_PATH, "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HF_TOKEN_PATH"]["value"] == f"{hf_token.MOUNT_PATH}/{hf_token.FILE_NAME}"
+        assert "HF_TOKEN" not in env and "HUGGING_FACE_HUB_TOKEN" not in env
+
+
+def test_the_provider_class_names_exactly_the_configured_secret(gated):
+    stack, template = gated
+    spc = stack.serving.hf_token.manifest_body
+    assert spc["kind"] == "SecretProviderClass" and spc["metadata"]["namespace"] == "llm"
+    params = spc["spec"]["parameters"]
+    assert params["usePodIdentity"] == "true" and params["region"] == "us-east-2"
+    assert yaml.safe_load(params["objects"]) == [
+        {"objectName": SECRET, "objectType": "secretsmanager", "objectAlias": hf_token.FILE_NAME}
+    ]
+    manifests = json.dumps(template.find_resources("Custom::AWSCDK-EKS-KubernetesResource"))
+    assert "SecretProviderClass" in manifests
+
+
+def test_only_the_ray_pods_role_may_read_that_one_secret(gated):
+    _, template = gated
+    readers = []
+    for logical_id, policy in template.find_resources("AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a.startswith("secretsmanager:") for a in actions):
+                readers.append((logical_id, statement))
+    ((logical_id, statement),) = readers
+    # The policy is the Ray pods' role's: the role of the ray-serve service account's Pod Identity association.
+    (association,) = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EKS::PodIdentityAssociation").values()
+        if r["Properties"]["ServiceAccount"] == "ray-serve"
+    ]
+    ray_role = association["RoleArn"]["Fn::GetAtt"][0]
+    policy = template.to_json()["Resources"][logical_id]
+    assert policy["Properties"]["Roles"] == [{"Ref": ray_role}]
+    assert set(statement["Action"]) == {"secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"}
+    resource = json.dumps(statement["Resource"])
+    assert f"secret:{SECRET}-??????" in resource
+    assert "secret:*" not in resource
+
+
+def test_driver_and_provider_are_pinned_run_everywhere_and_have_no_aws_role(gated):
+    _, template = gated
+    found = charts(template)
+    driver = found["secrets-store-csi-driver"]["Properties"]
+    provider = found["secrets-store-csi-driver-provider-aws"]["Properties"]
+    assert driver["Version"] == versions.SECRETS_STORE_CSI_DRIVER.version
+    assert provider["Version"] == versions.SECRETS_STORE_CSI_PROVIDER_AWS.version
+    driver_values, provider_values = json.loads(driver["Values"]), json.loads(provider["Values"])
+    assert driver_values["linux"]["tolerations"] == [{"operator": "Exists"}]
+    assert {"audience": "pods.eks.amazonaws.com"} in driver_values["tokenRequests"]
+    assert provider_values["tolerations"] == [{"operator": "Exists"}]
+    assert provider_values["secrets-store-csi-driver"] == {"install": False}
+    associations = [
+        r["Properties"]["ServiceAccount"] for r in template.find_resources("AWS::EKS::PodIdentityAssociation").values()
+    ]
+    assert not any("secrets-store" in sa for sa in associations)
+
+
+def test_nothing_of_it_without_a_token_secret(synthesized):
+    _, stack, template, _, _ = synthesized("dev")
+    assert not {"secrets-store-csi-driver", "secrets-store-csi-driver-provider-aws"} & set(charts(template))
+    assert "SecretProviderClass" not in json.dumps(template.find_resources("Custom::AWSCDK-EKS-KubernetesResource"))
+    assert "HF_TOKEN_PATH" not in json.dumps(stack.serving.manifest_body)
+
+
+def test_secret_scan_covers_the_new_manifests(gated, tmp_path):
+    stack, template = gated
+    texts = [
+        json.dumps(template.to_json()),
+        json.dumps(stack.serving.manifest_body),
+        json.dumps(stack.serving.hf_token.manifest_body),
+        stack.serving.serve_config_v2,
+    ]
+    for text in texts:
+        assert find_secrets(text) == []
+    planted = json.dumps(stack.serving.hf_token.manifest_body).replace(SECRET, "hf_" + "b" * 34)
+    assert find_secrets(planted)
+
+
+@pytest.mark.parametrize(
+    ("secret", "fix"),
+    [
+        ("", "1-512 characters"),
+        ("my secret", "letters, digits and /_+=.@-"),
+        ("x" * 513, "1-512 characters"),
+        ("arn:aws:secretsmanager:us-east-2:000000000000:secret:hf-token", "complete Secrets Manager ARN"),
+        ("arn:aws:secretsmanager:eu-west-1:000000000000:secret:hf-token-AbC123", "in us-east-2"),
+    ],
+)
+def test_a_secret_name_secrets_manager_would_refuse_is_a_config_error(secret, fix):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(gated_data(secret), source="dev.yaml")
+    (line,) = caught.value.problems
+    assert "hf_token_secret" in line and fix in line
+
+
+def test_gated_model_without_a_secret_is_still_refused():
+    data = gated_data()
+    del data["serving"]["model"]["hf_token_secret"]
+    with pytest.raises(ConfigError, match="is gated but hf_token_secret is not set"):
+        parse_config(data)
+
+
+def test_a_complete_arn_in_the_region_is_accepted(tmp_path):
+    arn = "arn:aws:secretsmanager:us-east-2:000000000000:secret:pd-serving/hf-token-AbC123"
+    stack, template = synth_variant(tmp_path, gated_data(arn), "gated-arn")
+    assert yaml.safe_load(stack.serving.hf_token.manifest_body["spec"]["parameters"]["objects"])[0]["objectName"] == arn
+    assert arn in json.dumps(template.find_resources("AWS::IAM::Policy"))

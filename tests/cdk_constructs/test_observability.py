@@ -1,0 +1,248 @@
+"""Observability on a bare stack: per backend, the scrape config, the dashboards and the policy checks."""
+
+from __future__ import annotations
+
+import json
+
+import aws_cdk as cdk
+import pytest
+import yaml
+from aws_cdk.assertions import Match, Template
+from pydantic import ValidationError
+
+from cdk_constructs.cluster import EksCluster
+from cdk_constructs.log_groups import EncryptedLogs
+from cdk_constructs.network import Network
+from cdk_constructs.observability import Observability
+from cdk_constructs.policy import attach_policy_checks
+from config.loader import load_config
+from config.schema import DeployFacts, ObservabilityConfig
+from manifests import dashboards
+from manifests.observability import KNOWN_METRICS, scrape_config
+
+ENV = cdk.Environment(account="111111111111", region="us-east-2")
+WORKSPACE = "arn:aws:aps:us-east-2:111111111111:workspace/ws-0123abcd-4567-89ef-0123-456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def app_config():
+    from tests.conftest import CONFIG_DIR
+
+    return load_config(CONFIG_DIR / "dev.yaml")
+
+
+def synth(app_config, config: ObservabilityConfig, outdir=None):
+    """Synthesizes once (with the policy checks attached when ``outdir`` is given)."""
+    app = cdk.App(
+        outdir=str(outdir) if outdir else None,
+        context={
+            "availability-zones:account=111111111111:region=us-east-2": list(app_config.network.availability_zones)
+        },
+    )
+    stack = cdk.Stack(app, "Bare", env=ENV)
+    network = Network(
+        stack, "Network", config=app_config.network, logs=EncryptedLogs(stack, "Logs", description="unit")
+    )
+    eks_cluster = EksCluster(
+        stack,
+        "Eks",
+        config=app_config.cluster,
+        cluster_name="unit",
+        vpc=network.vpc,
+        subnets=network.private_subnets,
+        deployer=DeployFacts(),
+        logs=stack.node.find_child("Logs"),
+    )
+    construct = Observability(
+        stack,
+        "Observability",
+        cluster=eks_cluster.cluster,
+        config=config,
+        namespace="llm",
+        dashboard_name="unit-pd-serving",
+        subnets=network.private_subnets,
+        logs=stack.node.find_child("Logs"),
+    )
+    if outdir:
+        attach_policy_checks(app)
+    return app, construct, Template.from_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def cloudwatch(app_config):
+    return synth(app_config, ObservabilityConfig(backend="cloudwatch", log_retention_days=14))
+
+
+@pytest.fixture(scope="module")
+def amp(app_config):
+    return synth(app_config, ObservabilityConfig(backend="amp"))
+
+
+def test_scrape_config_keeps_metrics_port_and_labels_phase():
+    config = scrape_config(namespace="llm", interval_seconds=30)
+    assert config["global"]["scrape_interval"] == "30s"
+    (job,) = config["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["llm"]}}]
+    rules = job["relabel_configs"]
+    assert {
+        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+        "action": "keep",
+        "regex": "metrics",
+    } in rules
+    phase = next(r for r in rules if r.get("target_label") == "phase")
+    assert phase["source_labels"] == ["__meta_kubernetes_pod_label_ray_io_group"]
+    assert phase["regex"] == "(prefill|decode)-gpu" and phase["replacement"] == "$1"
+
+
+def test_cloudwatch_addon_with_pod_identity_and_prometheus_scrape(cloudwatch):
+    _, construct, template = cloudwatch
+    template.has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "amazon-cloudwatch-observability",
+            "PodIdentityAssociations": [{"RoleArn": Match.any_value(), "ServiceAccount": "cloudwatch-agent"}],
+        },
+    )
+    template.has_resource_properties(
+        "AWS::IAM::Role",
+        {
+            "AssumeRolePolicyDocument": {
+                "Statement": [
+                    Match.object_like(
+                        {
+                            "Action": ["sts:AssumeRole", "sts:TagSession"],
+                            "Principal": {"Service": "pods.eks.amazonaws.com"},
+                        }
+                    )
+                ]
+            },
+            "ManagedPolicyArns": [
+                Match.object_like(
+                    {"Fn::Join": ["", Match.array_with([Match.string_like_regexp("CloudWatchAgentServerPolicy")])]}
+                )
+            ],
+        },
+    )
+    template.has_resource_properties("AWS::Logs::LogGroup", {"RetentionInDays": 14})
+    values = json.loads(construct.addon.configuration_values)
+    assert values["agent"]["prometheus"]["config"] == construct.scrape_config
+    prometheus = values["agent"]["config"]["logs"]["metrics_collected"]["prometheus"]
+    declared = {s.strip("^$") for d in prometheus["emf_processor"]["metric_declaration"] for s in d["metric_selectors"]}
+    assert "ray_vllm_kv_cache_usage_perc" in declared
+    assert all("phase" in d["dimensions"][0] for d in prometheus["emf_processor"]["metric_declaration"])
+    assert values["agent"]["config"]["logs"]["metrics_collected"]["kubernetes"] == {"enhanced_container_insights": True}
+    template.resource_count_is("AWS::APS::Scraper", 0)
+
+
+def test_cloudwatch_dashboard_per_phase(cloudwatch):
+    _, _, template = cloudwatch
+    (dashboard,) = template.find_resources("AWS::CloudWatch::Dashboard").values()
+    assert dashboard["Properties"]["DashboardName"] == "unit-pd-serving"
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for phase in dashboards.PHASES:
+        assert f"{phase}: Requests running / waiting" in body
+        assert f"{phase}: KV cache usage" in body
+    assert "backend: amp" in body  # says where the histograms are
+
+
+def test_amp_workspace_scraper_access_and_rbac(amp):
+    _, construct, template = amp
+    template.resource_count_is("AWS::APS::Workspace", 1)
+    template.resource_count_is("AWS::EKS::Addon", 3)  # only the cluster's own add-ons
+    (scraper,) = template.find_resources("AWS::APS::Scraper").values()
+    props = scraper["Properties"]
+    assert yaml.safe_load(props["ScrapeConfiguration"]["ConfigurationBlob"]) == construct.scrape_config
+    workspace_arn = props["Destination"]["AmpConfiguration"]["WorkspaceArn"]["Fn::GetAtt"]
+    assert workspace_arn[1] == "Arn" and "Workspace" in workspace_arn[0]
+    assert len(props["Source"]["EksConfiguration"]["SubnetIds"]) == 2
+    # AMP creates the scraper role's access entry itself; a second one from the stack would fail
+    # the deploy with ResourceInUseException. Only the RBAC for its user is the stack's.
+    scraper_role = {"Fn::GetAtt": [next(iter(template.find_resources("AWS::APS::Scraper"))), "RoleArn"]}
+    entries = template.find_resources("AWS::EKS::AccessEntry")
+    assert not [e for e in entries.values() if e["Properties"]["PrincipalArn"] == scraper_role]
+    rbac = {
+        k: r
+        for k, r in template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").items()
+        if "aps-collector-user" in json.dumps(r["Properties"]["Manifest"])
+    }
+    ((rbac_id, rbac_resource),) = rbac.items()
+    assert "ClusterRoleBinding" in json.dumps(rbac_resource["Properties"]["Manifest"])
+    assert next(iter(template.find_resources("AWS::APS::Scraper"))) in rbac_resource["DependsOn"]
+    assert construct.grafana_dashboard_file == dashboards.GRAFANA_FILE
+
+
+def test_amp_existing_workspace_creates_none(app_config):
+    _, _, template = synth(app_config, ObservabilityConfig(backend="amp", amp_workspace_arn=WORKSPACE))
+    template.resource_count_is("AWS::APS::Workspace", 0)
+    template.has_resource_properties(
+        "AWS::APS::Scraper", {"Destination": {"AmpConfiguration": {"WorkspaceArn": WORKSPACE}}}
+    )
+
+
+def test_backend_none_creates_nothing(app_config):
+    _, construct, template = synth(app_config, ObservabilityConfig(backend="none"))
+    assert construct.node.children == []
+    resources = template.to_json()["Resources"]
+    assert not [name for name in resources if name.startswith("Observability")]
+    template.resource_count_is("AWS::EKS::Addon", 3)
+
+
+def test_every_dashboard_metric_is_known():
+    assert dashboards.referenced_metrics() <= set(KNOWN_METRICS)
+    grafana = json.dumps(dashboards.grafana_dashboard())
+    assert set(dashboards.METRIC_NAME.findall(grafana)) <= set(KNOWN_METRICS)
+
+
+def test_checked_in_grafana_dashboard_is_current():
+    assert dashboards.GRAFANA_FILE.read_text() == dashboards.grafana_json(), (
+        "run `python -m cli.dashboards` to regenerate the Grafana dashboard"
+    )
+
+
+def test_grafana_dashboard_has_every_panel_per_phase():
+    titles = {p["title"] for p in dashboards.grafana_dashboard()["panels"]}
+    for phase in dashboards.PHASES:
+        for needed in (
+            "Time to first token",
+            "Time per output token",
+            "NIXL KV transfer time",
+            "NIXL KV bytes transferred",
+            "Errors",
+            "KV cache usage",
+        ):
+            assert f"{phase}: {needed}" in titles
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"scrape_interval_seconds": 45}, "scrape_interval_seconds=45 does not divide a CloudWatch minute"),
+        ({"backend": "amp", "amp_workspace_arn": "ws-123"}, "is not a workspace ARN"),
+        (
+            {"backend": "cloudwatch", "amp_workspace_arn": WORKSPACE},
+            "amp_workspace_arn is set but backend is cloudwatch; set backend: amp",
+        ),
+        ({"cloudwatch_addon_version": "latest"}, "is not an EKS add-on version such as v4.5.0-eksbuild.1"),
+        ({"backend": "prometheus"}, "Input should be 'none', 'cloudwatch' or 'amp'"),
+        ({"extra": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_config_errors_name_the_fix(data, message):
+    with pytest.raises(ValidationError, match=message):
+        ObservabilityConfig(**data)
+
+
+def test_every_field_is_described():
+    assert all(f.description for f in ObservabilityConfig.model_fields.values())
+
+
+@pytest.mark.parametrize("backend", ["cloudwatch", "amp"])
+def test_no_unacknowledged_aws_solutions_findings(app_config, tmp_path, backend):
+    synth(app_config, ObservabilityConfig(backend=backend), outdir=tmp_path)
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    (nag,) = [p for p in report["pluginReports"] if p["pluginName"] == "AwsSolutions"]
+    assert nag["violations"] == []
+    if backend == "cloudwatch":
+        assert any("CloudWatchAgentServerPolicy" in f["ruleName"] + json.dumps(f) for f in nag["suppressedViolations"])
+    for finding in nag["suppressedViolations"]:
+        assert len(finding["reason"]) >= 20, finding["ruleName"]

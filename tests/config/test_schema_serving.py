@@ -1,0 +1,34 @@
+"""Serving mistakes caught at synth: serve_app's spec as the config's serving section."""
+
+from __future__ import annotations
+
+from tests.config.helpers import problems_for
+
+
+def test_prefill_and_decode_cannot_name_different_models(dev_data):
+    dev_data["serving"]["prefill"]["model"] = {"source": "Qwen/Qwen3-8B"}
+    message = problems_for(dev_data)
+    assert "serving.prefill.model: unknown key; remove it" in message
+
+
+def test_gated_model_without_secret(dev_data):
+    dev_data["serving"]["model"] = {"model_id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "gated": True}
+    message = problems_for(dev_data)
+    assert "serving.model: model meta-llama/Llama-3.1-8B-Instruct is gated but hf_token_secret is not set" in message
+
+
+def test_engine_kwargs_cannot_override_managed_fields(dev_data):
+    dev_data["serving"]["decode"]["engine_kwargs"] = {"kv_transfer_config": {}}
+    message = problems_for(dev_data)
+    assert "engine_kwargs.kv_transfer_config is set by the spec; use serving.kv_transfer instead" in message
+
+
+def test_secret_looking_env_var_is_rejected(dev_data):
+    dev_data["serving"]["env_vars"] = {"HF_TOKEN": "abc"}
+    assert "env_vars.HF_TOKEN looks like a secret" in problems_for(dev_data)
+
+
+def test_replica_bounds_out_of_order(dev_data):
+    dev_data["serving"]["decode"]["min_replicas"] = 2
+    dev_data["serving"]["decode"]["max_replicas"] = 1
+    assert "serving.decode: min_replicas (2) > max_replicas (1)" in problems_for(dev_data)

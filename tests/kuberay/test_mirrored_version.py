@@ -1,0 +1,42 @@
+"""The controller rules are KubeRay 1.7.0's; synth says so when the config installs another operator."""
+
+from __future__ import annotations
+
+from config import versions
+from config.loader import parse_config
+from kuberay import MIRRORED_VERSION, rules_version_note
+from tests.conftest import synth_variant, with_changes
+
+
+def test_the_pinned_operator_is_the_release_the_rules_mirror():
+    assert versions.KUBERAY_OPERATOR.version == MIRRORED_VERSION
+    assert rules_version_note(versions.KUBERAY_OPERATOR.version) is None
+
+
+def test_another_operator_version_is_named_with_the_rules_it_was_checked_against():
+    note = rules_version_note("1.8.0")
+    assert note is not None
+    assert note.startswith(
+        "charts.kuberay_operator is 1.8.0, but the controller rules checked at synth are KubeRay 1.7.0's"
+    )
+    assert "validation.go at v1.8.0" in note
+
+
+def _kuberay_warnings(stack) -> list[str]:
+    from aws_cdk.assertions import Annotations, Match
+
+    found = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("kuberay_operator"))
+    return [str(entry.entry.data) for entry in found]
+
+
+def test_synth_warns_when_the_config_asks_for_another_operator(tmp_path, dev_data):
+    data = with_changes(dev_data, {"charts.kuberay_operator": "1.8.0"})
+    assert parse_config(data).charts.kuberay_operator == "1.8.0"
+    stack, _ = synth_variant(tmp_path, data, "operator-1-8")
+    (warning,) = _kuberay_warnings(stack)
+    assert "the controller rules checked at synth are KubeRay 1.7.0's" in warning
+
+
+def test_synth_is_quiet_with_the_pinned_operator(synthesized):
+    _, stack, *_ = synthesized("dev")
+    assert _kuberay_warnings(stack) == []

@@ -1,0 +1,380 @@
+"""The RayService: its manifest against KubeRay's own CRD schema, and its CDK wiring."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import jsonschema
+import pytest
+import yaml
+
+from config.loader import parse_config
+from kuberay.rules import validate_ray_service
+from serve_app.serve_config import IMPORT_PATH
+from serve_app.spec import ServingSpec
+from tests.conftest import (
+    CONFIG_DIR,
+    RAYSERVICE_CRD,
+    RAYSERVICE_CRD_SHA256,
+    ROOT,
+    SHIPPED_ENVIRONMENTS,
+    rendered_ray_service,
+    synth_variant,
+    with_changes,
+)
+
+
+def test_vendored_crd_is_kuberay_170_verbatim():
+    import hashlib
+
+    assert hashlib.sha256(RAYSERVICE_CRD.read_bytes()).hexdigest() == RAYSERVICE_CRD_SHA256
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema():
+    crd = yaml.safe_load(RAYSERVICE_CRD.read_text())
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = copy.deepcopy(v1["schema"]["openAPIV3Schema"])
+    _strict(schema)
+    return schema
+
+
+def _strict(schema: dict) -> None:
+    """The CRD's structural schema, made to reject unknown fields as the API server prunes them."""
+    if not isinstance(schema, dict):
+        return
+    if (
+        schema.get("type") == "object"
+        and "properties" in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        schema.setdefault("additionalProperties", False)
+    for key in ("properties", "patternProperties"):
+        for child in schema.get(key, {}).values():
+            _strict(child)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            _strict(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        for child in schema.get(key, []):
+            _strict(child)
+
+
+def validate(schema, manifest) -> None:
+    body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")}
+    jsonschema.validate(body, schema)
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+
+
+def manifest_for(env: str, **changes):
+    config = parse_config(with_changes(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()), changes))
+    return config, checked(rendered_ray_service(config))
+
+
+def checked(manifest: dict) -> dict:
+    """Every manifest these tests render also passes KubeRay's controller rules."""
+    validate_ray_service(manifest)
+    return manifest
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_manifest_validates_against_kuberay_crd(rayservice_schema, env):
+    _, manifest = manifest_for(env)
+    validate(rayservice_schema, manifest)
+
+
+def test_manifest_with_internal_nlb_validates(rayservice_schema):
+    _, manifest = manifest_for(
+        "dev", **{"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"]}}
+    )
+    validate(rayservice_schema, manifest)
+    service = manifest["spec"]["serveService"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "why"),
+    [
+        (lambda m: m["spec"]["rayClusterConfig"]["workerGroupSpecs"][0].pop("groupName"), "groupName"),
+        (lambda m: m["spec"]["rayClusterConfig"]["headGroupSpec"].pop("template"), "template"),
+        (lambda m: m["spec"]["rayClusterConfig"].update(workerGroupSpecs={}), "is not of type 'array'"),
+        (lambda m: m["spec"].update(serveConfig={"importPath": "x"}), "serveConfig"),
+        (
+            lambda m: m["spec"]["rayClusterConfig"]["workerGroupSpecs"][1].update(maxReplicas="2"),
+            "'2' is not of type 'integer'",
+        ),
+    ],
+    ids=["no-group-name", "no-head-template", "groups-not-a-list", "unknown-field", "string-replicas"],
+)
+def test_schema_check_catches_broken_manifests(rayservice_schema, breakage, why):
+    _, manifest = manifest_for("dev")
+    breakage(manifest)
+    with pytest.raises(jsonschema.ValidationError, match=re.escape(why)):
+        validate(rayservice_schema, manifest)
+
+
+def test_ray_version_matches_image():
+    config, manifest = manifest_for("dev")
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == "2.58.0"
+    images = {
+        c["image"]
+        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        for c in group["template"]["spec"]["containers"]
+    }
+    assert images == {"763104351884.dkr.ecr.us-east-2.amazonaws.com/ray:serve-llm-cuda-v1.0.0"}
+
+
+def test_head_runs_on_system_node_without_gpus():
+    _, manifest = manifest_for("dev")
+    head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    pod = head["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "system"}
+    (container,) = pod["containers"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+    assert {"containerPort": 8000, "name": "serve"} in container["ports"]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_worker_group_pinned_to_its_phase(phase):
+    _, manifest = manifest_for("dev")
+    (group,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == f"{phase}-gpu"]
+    assert group["resources"] == {"CPU": "28", "GPU": "1", f"pd_{phase}": "1"}
+    assert group["rayStartParams"] == {}
+    assert (group["minReplicas"], group["replicas"], group["maxReplicas"]) == (1, 1, 2)
+    pod = group["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "gpu", "pd-serving/phase": phase}
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "aws.amazon.com/efa"}
+    (container,) = pod["containers"]
+    limits = container["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and limits["vpc.amazonaws.com/efa"] == "1"
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FI_PROVIDER"]["value"] == "efa"
+    assert env["VLLM_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # Pod Identity brings no region; the streamer and Ray's S3 downloads need the stack's.
+    assert env["AWS_REGION"]["value"] == env["AWS_DEFAULT_REGION"]["value"] == "us-east-2"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    port = {"prefill": 20000, "decode": 22000}[phase]
+    assert {"containerPort": port, "name": "nixl-side"} in container["ports"]
+
+
+def test_worker_pods_declare_the_nixl_port_the_engines_listen_on():
+    config, manifest = manifest_for("dev", **{"serving.kv_transfer.side_channel_port_base": 31000})
+    for phase in ("prefill", "decode"):
+        (group,) = [
+            g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == f"{phase}-gpu"
+        ]
+        ports = group["template"]["spec"]["containers"][0]["ports"]
+        listening = config.serving.experimental_configs(phase)["NIXL_SIDE_CHANNEL_PORT_BASE"]
+        assert listening == {"prefill": 31000, "decode": 33000}[phase]
+        assert {"containerPort": listening, "name": "nixl-side"} in ports
+
+
+def test_serve_config_v2_is_one_app_whose_args_are_the_spec():
+    config, manifest = manifest_for("dev")
+    serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve["applications"]
+    assert app["import_path"] == IMPORT_PATH
+    assert app["runtime_env"] == {"working_dir": "s3://bucket/code.zip"}
+    assert ServingSpec.model_validate(app["args"]) == config.serving
+
+
+def test_upgrade_strategy_keeps_endpoint_up():
+    _, manifest = manifest_for("dev")
+    assert manifest["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    assert manifest["spec"]["rayClusterDeletionDelaySeconds"] > 0
+
+
+# CDK wiring --------------------------------------------------------------------------------------
+
+
+def _manifests(template) -> list[dict]:
+    found = []
+    for resource in template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values():
+        body = resource["Properties"]["Manifest"]
+        text = body if isinstance(body, str) else json.dumps(body)
+        found.append({"raw": text, "resource": resource})
+    return found
+
+
+def test_rayservice_manifest_depends_on_kuberay_and_service_account(synthesized):
+    _, stack, template, _, _ = synthesized("dev")
+    resources = template.to_json()["Resources"]
+    (rayservice_id,) = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+        and "RayService" in json.dumps(r["Properties"]["Manifest"])
+    ]
+    depends = resources[rayservice_id].get("DependsOn", [])
+    kuberay_chart = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Chart"] == "kuberay-operator"
+    ]
+    assert kuberay_chart[0] in depends
+    assert any("ServiceAccount" in d for d in depends)
+
+
+def test_serve_app_is_an_asset_read_through_pod_identity(synthesized):
+    _, stack, template, _, outdir = synthesized("dev")
+    template.has_resource_properties(
+        "AWS::EKS::PodIdentityAssociation",
+        {"Namespace": "llm", "ServiceAccount": "ray-serve"},
+    )
+    serve_config = stack.serving.serve_config_v2
+    url = yaml.safe_load(serve_config)["applications"][0]["runtime_env"]["working_dir"]
+    assert re.match(r"^s3://cdk-[a-z0-9]+-assets-000000000000-us-east-2/[0-9a-f]{64}\.zip$", url)
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    asset_key = url.rsplit("/", 1)[1]
+    # Only this one object of the shared assets bucket is readable.
+    assert '"Action": "s3:GetObject"' in policies and f"/{asset_key}" in policies
+    assert "s3:List" not in policies
+    assets = json.loads((outdir / "pd-dev-pd-serving.assets.json").read_text())["files"]
+    asset_hash = url.rsplit("/", 1)[1].removesuffix(".zip")
+    assert asset_hash in assets
+
+
+def test_serve_app_change_changes_the_asset(tmp_path):
+    from cdk_constructs.ray_service import SERVE_APP_DIR, stage_serve_app
+
+    copy_dir = tmp_path / "serve_app"
+    import shutil
+
+    shutil.copytree(SERVE_APP_DIR, copy_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    first = stage_serve_app(copy_dir)
+    (copy_dir / "app.py").write_text((copy_dir / "app.py").read_text() + "\n# changed\n")
+    second = stage_serve_app(copy_dir)
+    packaged = ("working_dir", "serve_app")
+    assert first.joinpath(*packaged, "app.py").read_text() != second.joinpath(*packaged, "app.py").read_text()
+    assert first.joinpath(*packaged, "spec.py").is_file()
+    assert not list(first.rglob("__pycache__"))
+
+
+def test_gated_model_secret_is_granted_not_embedded(tmp_path):
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {
+        "model_id": "llama-3.1-8b",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "gated": True,
+        "hf_token_secret": "pd-serving/hf-token",
+    }
+    stack, template = synth_variant(tmp_path, data, "gated")
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert "secretsmanager:GetSecretValue" in policies
+    assert "secret:pd-serving/hf-token" in policies
+    serve_config = stack.serving.serve_config_v2
+    assert "hf_token_secret: pd-serving/hf-token" in serve_config
+    assert "HF_TOKEN" not in serve_config
+
+
+def test_s3_mirrored_model_is_readable(tmp_path):
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    config_json = tmp_path / "config.json"
+    config_json.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 28,
+                "hidden_size": 3584,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "intermediate_size": 18944,
+                "vocab_size": 152064,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    data["serving"]["model"] = {
+        "model_id": "qwen",
+        "source": "s3://my-models/qwen2.5-7b",
+        "source_region": "us-east-2",
+        "config_json": str(config_json),
+    }
+    stack, template = synth_variant(tmp_path, data, "s3")
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert "my-models/qwen2.5-7b/*" in policies
+    assert '"s3:prefix": ["qwen2.5-7b/*"]' in policies
+    serve_config = yaml.safe_load(stack.serving.serve_config_v2)
+    spec = ServingSpec.model_validate(serve_config["applications"][0]["args"])
+    decode = spec.llm_config("decode")
+    assert decode["model_loading_config"]["model_source"] == {"bucket_uri": "s3://my-models/qwen2.5-7b"}
+    # Streamed, not downloaded: vLLM reads the safetensors from S3 and is told the URI on Ray 2.58 too.
+    assert decode["engine_kwargs"]["load_format"] == "runai_streamer"
+    assert decode["callback_config"] == {
+        "callback_class": "serve_app.callbacks:StreamWeightsFromS3",
+        "callback_kwargs": {"model_uri": "s3://my-models/qwen2.5-7b"},
+    }
+
+
+def test_outputs_port_forward_and_base_url(synthesized):
+    _, _, template, _, _ = synthesized("dev")
+    outputs = template.to_json()["Outputs"]
+    assert outputs["PortForwardCommand"]["Value"] == "kubectl -n llm port-forward svc/pd-llm-serve-svc 8000:8000"
+    assert outputs["OpenAiBaseUrl"]["Value"].startswith("http://127.0.0.1:8000/v1")
+
+
+def test_streaming_workers_install_the_model_streamer_the_image_lacks(tmp_path):
+    from config.versions import MODEL_STREAMER_PACKAGES
+    from manifests.ray_service import MODEL_STREAMER_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["model"] = {
+        "model_id": "qwen",
+        "source": "s3://my-models/qwen2.5-7b",
+        "source_region": "us-east-2",
+        "hub_id": "Qwen/Qwen2.5-7B-Instruct",
+    }
+    stack, _ = synth_variant(tmp_path, data, "streaming")
+    cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
+    assert "initContainers" not in cluster["headGroupSpec"]["template"]["spec"]
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        (install,) = pod["initContainers"]
+        assert install["image"] == pod["containers"][0]["image"]
+        assert install["command"][-len(MODEL_STREAMER_PACKAGES) :] == list(MODEL_STREAMER_PACKAGES)
+        assert install["command"][install["command"].index("--target") + 1] == MODEL_STREAMER_DIR
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["PYTHONPATH"] == MODEL_STREAMER_DIR
+        assert {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR, "readOnly": True} in pod["containers"][0][
+            "volumeMounts"
+        ]
+    # A Hugging Face model installs nothing.
+    _, default = manifest_for("dev")
+    assert all(
+        "initContainers" not in g["template"]["spec"] for g in default["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    )
+
+
+@pytest.mark.serving
+def test_ray_keeps_the_containers_pythonpath_behind_the_working_dir(monkeypatch):
+    """Ray's own function (the same in 2.58.0): the streamer's directory stays importable in every
+    worker process that a working_dir puts first on the path."""
+    from ray._private.runtime_env.context import RuntimeEnvContext
+    from ray._private.runtime_env.working_dir import set_pythonpath_in_context
+
+    from manifests.ray_service import MODEL_STREAMER_DIR
+
+    monkeypatch.setenv("PYTHONPATH", MODEL_STREAMER_DIR)
+    context = RuntimeEnvContext()
+    set_pythonpath_in_context("/tmp/ray/session_latest/runtime_resources/working_dir_files/abc", context)
+    assert context.env_vars["PYTHONPATH"].split(":") == [
+        "/tmp/ray/session_latest/runtime_resources/working_dir_files/abc",
+        MODEL_STREAMER_DIR,
+    ]
+
+
+def test_streamer_packages_are_the_locked_ones():
+    from config.versions import MODEL_STREAMER_PACKAGES
+
+    lock = (ROOT / "requirements-serve.txt").read_text().splitlines()
+    for package in MODEL_STREAMER_PACKAGES:
+        assert package in lock, f"{package} is not what requirements-serve.txt locks"

@@ -1,0 +1,124 @@
+"""Rollouts: with rollout new_cluster a change of serve_app or of the serving spec changes the
+RayCluster spec the way that makes KubeRay 1.7.0 start a new cluster; with in_place it does not.
+
+KubeRay decides by ``GenerateHashWithoutReplicasAndWorkersToDelete`` over the cluster spec
+(mirrored in ``kuberay.oracle.cluster_spec_hash``); every RayService synthesized here
+also passes KubeRay's controller rules (the construct applies them at synth).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import yaml
+
+from cdk_constructs import ray_service as ray_service_construct
+from config.loader import ConfigError, parse_config
+from kuberay.oracle import cluster_spec_hash
+from kuberay.rules import validate_ray_service
+from tests.conftest import CONFIG_DIR, rendered_ray_service, synth_variant
+
+
+def data_with(rollout: str) -> dict:
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["ray_service"]["rollout"] = rollout
+    return data
+
+
+def cluster_hash(stack) -> str:
+    manifest = stack.serving.manifest_body
+    validate_ray_service(manifest)
+    return cluster_spec_hash(manifest["spec"]["rayClusterConfig"])
+
+
+@pytest.fixture
+def changed_serve_app(tmp_path, monkeypatch):
+    """serve_app with one changed line, as the next `make deploy` would package it."""
+    copy_dir = tmp_path / "serve_app"
+    shutil.copytree(ray_service_construct.SERVE_APP_DIR, copy_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy_dir / "app.py").write_text((copy_dir / "app.py").read_text() + "\n# a code change\n")
+    return lambda: monkeypatch.setattr(ray_service_construct, "SERVE_APP_DIR", copy_dir)
+
+
+@pytest.mark.parametrize(("rollout", "new_cluster"), [("new_cluster", True), ("in_place", False)])
+def test_a_serve_app_change_starts_a_new_cluster_only_with_new_cluster(
+    tmp_path, changed_serve_app, rollout, new_cluster
+):
+    before, _ = synth_variant(tmp_path, data_with(rollout), "before")
+    changed_serve_app()
+    after, _ = synth_variant(tmp_path, data_with(rollout), "after")
+    assert before.serving.code.asset_hash != after.serving.code.asset_hash
+    assert (cluster_hash(before) != cluster_hash(after)) is new_cluster
+
+
+@pytest.mark.parametrize(("rollout", "new_cluster"), [("new_cluster", True), ("in_place", False)])
+def test_a_serving_spec_change_starts_a_new_cluster_only_with_new_cluster(rollout, new_cluster):
+    data = data_with(rollout)
+    before = rendered_ray_service(parse_config(data))
+    data["serving"]["gpu_memory_utilization"] = 0.85
+    after = rendered_ray_service(parse_config(data))
+    for manifest in (before, after):
+        validate_ray_service(manifest)
+    assert before["spec"]["serveConfigV2"] != after["spec"]["serveConfigV2"]
+    changed = cluster_spec_hash(before["spec"]["rayClusterConfig"]) != cluster_spec_hash(
+        after["spec"]["rayClusterConfig"]
+    )
+    assert changed is new_cluster
+
+
+def test_the_revision_is_on_every_pod_template_and_nowhere_kuberay_ignores():
+    manifest = rendered_ray_service(parse_config(data_with("new_cluster")))
+    cluster = manifest["spec"]["rayClusterConfig"]
+    revisions = {
+        g["template"]["metadata"]["annotations"]["pd-serving/serving-revision"]
+        for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    }
+    assert len(revisions) == 1
+    assert "annotations" not in manifest["metadata"]  # RayService annotations are not hashed
+    in_place = rendered_ray_service(parse_config(data_with("in_place")))["spec"]["rayClusterConfig"]
+    assert "pd-serving/serving-revision" not in str(in_place)
+
+
+def test_the_hash_mirror_leaves_out_what_kuberay_leaves_out():
+    cluster = rendered_ray_service(parse_config(data_with("in_place")))["spec"]["rayClusterConfig"]
+    base = cluster_spec_hash(cluster)
+    ignored = copy.deepcopy(cluster)
+    for group in ignored["workerGroupSpecs"]:
+        group.update(replicas=5, minReplicas=0, maxReplicas=9)
+        group["template"]["spec"]["tolerations"] = []
+        group["template"]["spec"]["schedulingGates"] = [{"name": "kueue"}]
+    ignored["upgradeStrategy"] = {"type": "Recreate"}
+    assert cluster_spec_hash(ignored) == base
+    counted = copy.deepcopy(cluster)
+    counted["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = "registry/ray:2.60.0"
+    assert cluster_spec_hash(counted) != base
+
+
+def test_max_surge_is_refused_with_the_images_ray_2_58():
+    data = data_with("in_place")
+    data["serving"]["decode"]["max_surge_percent"] = 100
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source="dev.yaml")
+    assert "serving.decode.max_surge_percent needs Ray 2.60 or newer" in str(caught.value)
+    assert "ray_service.ray_version is 2.58.0" in str(caught.value)
+
+
+@pytest.mark.serving
+def test_max_surge_reaches_serve_with_a_ray_2_60_image():
+    from ray.serve.schema import ServeDeploySchema
+
+    from serve_app.serve_config import serve_config
+
+    data = data_with("in_place")
+    data["ray_service"].update(image="registry.example.com/ray-llm:2.60.0", ray_version="2.60.0")
+    data["serving"]["decode"]["max_surge_percent"] = 100
+    config = parse_config(data)
+    deployment = config.serving.llm_config("decode")["deployment_config"]
+    assert deployment["max_surge_percent"] == 100
+    # The test stack's Ray (2.60) accepts the key in a deployment config.
+    from ray.serve._private.config import DeploymentConfig
+
+    assert DeploymentConfig(max_surge_percent=100).max_surge_percent == 100
+    ServeDeploySchema.model_validate(serve_config(config.serving, working_dir="s3://b/c.zip"))

@@ -1,0 +1,98 @@
+"""The planner as the config and synth use it: plan_config, synth's check and `make plan`."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _config_with(**serving_changes):
+    import yaml
+
+    from config.loader import parse_config
+    from tests.conftest import CONFIG_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"].update(serving_changes)
+    return data, parse_config(data)
+
+
+def test_shipped_dev_config_plans_cleanly():
+    from planner.from_config import plan_config
+
+    _, config = _config_with()
+    report = plan_config(config)
+    assert report.ok
+    assert report.decode.kv_bytes_per_token == 57344
+    assert report.cost.per_hour > 4
+
+
+def test_synth_fails_when_max_model_len_does_not_fit(tmp_path):
+    import yaml
+
+    from app import build_app
+    from config.loader import ConfigError
+
+    data, _ = _config_with(max_model_len=32768)
+    data["serving"]["model"] = {"model_id": "qwen3-8b", "source": "Qwen/Qwen3-8B"}
+    path = tmp_path / "too-long.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as caught:
+        build_app(str(path), outdir=str(tmp_path / "out"))
+    message = str(caught.value)
+    assert "serving.max_model_len=32768" in message
+    assert "at most 25424" in message
+
+
+def test_synth_fails_for_unknown_s3_model_without_config_json(tmp_path):
+    import yaml
+
+    from app import build_app
+    from config.loader import ConfigError
+
+    data, _ = _config_with()
+    data["serving"]["model"] = {"model_id": "mine", "source": "s3://models/mine", "source_region": "us-east-2"}
+    path = tmp_path / "s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        ConfigError, match="set serving.model.hub_id to the repo it mirrors, or serving.model.config_json"
+    ):
+        build_app(str(path), outdir=str(tmp_path / "out"))
+
+
+def test_transfer_share_warns_at_synth_and_fails_when_asked(tmp_path):
+    from app import checked_plan
+    from config.loader import ConfigError, parse_config
+
+    data, _ = _config_with()
+    data["planner"] = {"max_transfer_share": 0.01}
+    report = checked_plan(parse_config(data), "x.yaml")
+    assert any("planner.max_transfer_share" in w for w in report.warnings)
+    data["planner"]["fail_on_transfer_share"] = True
+    with pytest.raises(ConfigError, match="planner.max_transfer_share"):
+        checked_plan(parse_config(data), "x.yaml")
+
+
+def test_make_plan_cli_prints_the_report(capsys):
+    from cli.plan import main
+    from tests.conftest import CONFIG_DIR
+
+    assert main([str(CONFIG_DIR / "dev.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen2.5-7B-Instruct" in out
+    assert "Verdict:" in out
+    assert "total" in out
+
+
+def test_the_configs_planner_section_is_the_planners_settings():
+    from config.loader import parse_config
+    from planner import render_text
+    from planner.from_config import plan_config, plan_inputs
+
+    data, config = _config_with()
+    assert plan_inputs(config).settings is config.planner
+    data["planner"] = {"prefill_mfu": 0.7, "typical_prompt_tokens": 2048, "runtime_overhead_gib": 2.5}
+    calibrated, base = plan_config(parse_config(data)), plan_config(config)
+    assert calibrated.inputs.settings.prefill_mfu == 0.7
+    assert calibrated.transfer_rows[0].prefill_seconds == pytest.approx(base.transfer_rows[0].prefill_seconds / 2)
+    assert calibrated.decode.kv_cache_bytes_per_gpu == base.decode.kv_cache_bytes_per_gpu - 2**30
+    assert "typical request 2048 prompt / 256 output tokens" in render_text(calibrated)

@@ -1,0 +1,130 @@
+"""`make destroy` leaves nothing behind and cannot hang: deletion order and policies, as synthesized."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, synth_variant
+
+
+def _rayservice_id(resources: dict) -> str:
+    (found,) = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+        and '"kind":"RayService"'
+        in json.dumps(r["Properties"]["Manifest"]).replace(" ", "").replace("\\\\", "").replace('\\"', '"')
+    ]
+    return found
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_nothing_is_retained(synthesized, env):
+    _, _, template, _, _ = synthesized(env)
+    for logical_id, resource in template.to_json()["Resources"].items():
+        assert resource.get("DeletionPolicy", "Delete") == "Delete", logical_id
+        assert resource.get("UpdateReplacePolicy", "Delete") == "Delete", logical_id
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_rayservice_is_deleted_before_nodes_and_operator(synthesized, env):
+    _, _, template, _, _ = synthesized(env)
+    resources = template.to_json()["Resources"]
+    depends = set(resources[_rayservice_id(resources)]["DependsOn"])
+    nodegroups = {k for k, r in resources.items() if r["Type"] == "AWS::EKS::Nodegroup"}
+    assert nodegroups <= depends
+    kuberay = {
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Chart"] == "kuberay-operator"
+    }
+    assert kuberay <= depends
+
+
+def _manifest_items(resource: dict) -> list[dict]:
+    manifest = resource["Properties"]["Manifest"]
+    return json.loads(manifest) if isinstance(manifest, str) else []
+
+
+def test_load_balancer_is_removed_by_its_controller_before_the_vpc(tmp_path):
+    """CloudFormation deletes in reverse dependency order: RayService, then the NLB's Service
+    (`kubectl delete` waits for its load-balancer finalizer), then the controller and the nodes."""
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["ray_service"] = {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}}
+    stack, template = synth_variant(tmp_path, data, "nlb")
+    resources = template.to_json()["Resources"]
+    (service_id,) = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+        and any(item.get("kind") == "Service" for item in _manifest_items(r))
+    ]
+    (service,) = _manifest_items(resources[service_id])
+    assert service["metadata"]["name"] == "pd-llm-serve-svc" and service["spec"]["type"] == "LoadBalancer"
+    # No selector of its own: KubeRay points it at the serving RayCluster (and does not adopt it).
+    assert "selector" not in service["spec"]
+    assert stack.serving.manifest_body["spec"]["serveService"]["metadata"]["name"] == "pd-llm-serve-svc"
+
+    rayservice_depends = set(resources[_rayservice_id(resources)]["DependsOn"])
+    assert service_id in rayservice_depends
+    controller = {
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Chart"] == "aws-load-balancer-controller"
+    }
+    nodegroups = {k for k, r in resources.items() if r["Type"] == "AWS::EKS::Nodegroup"}
+    service_depends = set(resources[service_id]["DependsOn"])
+    assert controller and controller <= service_depends
+    assert nodegroups <= service_depends
+
+
+def test_kms_key_is_scheduled_for_deletion(synthesized):
+    _, _, template, _, _ = synthesized("dev")
+    template.has_resource(
+        "AWS::KMS::Key",
+        {"DeletionPolicy": "Delete", "Properties": {"PendingWindowInDays": 7, "EnableKeyRotation": True}},
+    )
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_every_log_group_is_the_stacks_own_encrypted_and_expiring(synthesized, env):
+    """Nothing a service would create on first write (and keep after destroy) is left to it."""
+    config, _, template, _, _ = synthesized(env)
+    resources = template.to_json()["Resources"]
+    groups = {k: r for k, r in resources.items() if r["Type"] == "AWS::Logs::LogGroup"}
+    for logical_id, group in groups.items():
+        assert group["DeletionPolicy"] == "Delete", logical_id
+        assert "RetentionInDays" in group["Properties"], logical_id
+        assert "KmsKeyId" in group["Properties"], logical_id
+    # EKS writes control-plane logs to this name; the cluster comes after the group, and goes first.
+    (control_plane,) = [
+        k for k, g in groups.items() if g["Properties"].get("LogGroupName") == f"/aws/eks/{config.cluster_name}/cluster"
+    ]
+    (cluster_id,) = template.find_resources("AWS::EKS::Cluster")
+    assert control_plane in resources[cluster_id]["DependsOn"]
+    # Every Lambda function (kubectl handler, provider framework, CDK's custom-resource providers)
+    # logs to one of those groups instead of an /aws/lambda/<name> group Lambda would create.
+    functions = {k: r for k, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
+    assert len(functions) >= 3
+    for logical_id, function in functions.items():
+        target = function["Properties"]["LoggingConfig"]["LogGroup"]
+        assert target["Ref"] in groups, logical_id
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_cloudwatch_logs_may_use_the_log_key_for_this_accounts_groups_only(synthesized, env):
+    config, _, template, _, _ = synthesized(env)
+    groups = template.find_resources("AWS::Logs::LogGroup").values()
+    (key_ref,) = {json.dumps(g["Properties"]["KmsKeyId"]) for g in groups}
+    key_id = json.loads(key_ref)["Fn::GetAtt"][0]
+    key = template.to_json()["Resources"][key_id]
+    assert key["Properties"]["EnableKeyRotation"] is True and key["DeletionPolicy"] == "Delete"
+    (logs_statement,) = [
+        s
+        for s in key["Properties"]["KeyPolicy"]["Statement"]
+        if s.get("Principal", {}).get("Service") == f"logs.{config.aws.region}.amazonaws.com"
+    ]
+    assert "kms:EncryptionContext:aws:logs:arn" in json.dumps(logs_statement["Condition"]["ArnLike"])

@@ -1,0 +1,446 @@
+"""`make verify`'s checks on outputs recorded from a cluster, and its CLI replaying a recording."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RAYSERVICE_CRD
+from verify import checks
+from verify.kube import KubectlRunner, KubeError, RecordedKube, RecordingKube
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "verify"
+HEALTHY = FIXTURES / "healthy"
+CRD = RAYSERVICE_CRD
+PREFILL_POD = "pd-llm-xk2vd-prefill-gpu-worker-7x9qz"
+DECODE_POD = "pd-llm-xk2vd-decode-gpu-worker-m4k2p"
+KUBE = RecordedKube(HEALTHY)
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def rayservice() -> dict:
+    return KUBE.get_json(["get", "rayservice", "pd-llm", "-n", "llm"])
+
+
+def pods() -> dict:
+    return KUBE.get_json(["get", "pods", "-n", "llm", "-l", checks.RAY_PODS_SELECTOR])
+
+
+def nodes() -> dict:
+    return KUBE.get_json(["get", "nodes"])
+
+
+def worker_logs() -> dict[str, str]:
+    return {pod: KUBE.ray_logs(pod, "llm", checks.WORKER_CONTAINER) for pod in (PREFILL_POD, DECODE_POD)}
+
+
+def test_ready_rayservice_passes_and_names_the_active_cluster():
+    result = checks.rayservice_ready(rayservice(), "llm")
+    assert result.passed, result.evidence
+    assert "Ready=True (NonZeroServeEndpoints)" in result.evidence
+    assert "Decode:qwen2.5-7b-instruct=HEALTHY" in result.evidence
+    assert result.data["cluster"] == "pd-llm-xk2vd"
+
+
+def test_rayservice_not_ready_fails_with_the_reason():
+    result = checks.rayservice_ready(load("rayservice_not_ready.json"), "llm")
+    assert not result.passed
+    assert "Ready=False (ZeroServeEndpoints" in result.evidence
+    assert "application llm is DEPLOYING" in result.evidence
+    assert "Decode:qwen2.5-7b-instruct=UPDATING" in result.evidence
+
+
+def test_rayservice_without_the_configured_app_fails():
+    result = checks.rayservice_ready(rayservice(), "other")
+    assert not result.passed
+    assert "'other' not reported (reported: llm)" in result.evidence
+
+
+@pytest.mark.parametrize("status_of", [rayservice, lambda: load("rayservice_not_ready.json")])
+def test_recorded_rayservice_status_matches_the_kuberay_crd(status_of):
+    import jsonschema
+    import yaml
+
+    crd = yaml.safe_load(CRD.read_text())
+    v1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    jsonschema.validate(status_of()["status"], v1["schema"]["openAPIV3Schema"]["properties"]["status"])
+
+
+def test_replicas_on_their_node_groups():
+    result = checks.replicas_on_their_node_groups(pods(), nodes(), "pd-llm-xk2vd")
+    assert result.passed, result.evidence
+    assert (
+        f"decode-gpu: {DECODE_POD} on ip-10-40-12-77.us-east-2.compute.internal (pd-serving/phase=decode)"
+        in result.evidence
+    )
+
+
+def test_decode_pod_on_a_prefill_node_fails():
+    result = checks.replicas_on_their_node_groups(load("pods_decode_on_prefill_node.json"), nodes())
+    assert not result.passed
+    assert (
+        f"{DECODE_POD} on ip-10-40-12-34.us-east-2.compute.internal (pd-serving/phase=prefill), expected decode"
+        in result.evidence
+    )
+
+
+def test_pods_of_another_ray_cluster_are_not_counted():
+    result = checks.replicas_on_their_node_groups(pods(), nodes(), "pd-llm-old")
+    assert not result.passed
+    assert "prefill-gpu: no running pod" in result.evidence
+
+
+def test_efa_allocated():
+    result = checks.efa_allocated(pods())
+    assert result.passed, result.evidence
+    assert f"{PREFILL_POD}: vpc.amazonaws.com/efa=1, nvidia.com/gpu=1, Running" in result.evidence
+
+
+def test_workers_without_efa_fail():
+    result = checks.efa_allocated(load("pods_without_efa.json"))
+    assert not result.passed
+    assert f"{DECODE_POD} requests no vpc.amazonaws.com/efa" in result.evidence
+
+
+def test_nixl_on_the_efa_provider_passes():
+    result = checks.nixl_uses_efa(worker_logs())
+    assert result.passed, result.evidence
+    assert "Discovered 1 EFA devices" in result.evidence
+
+
+def test_nixl_tcp_fallback_fails_with_the_log_line():
+    logs = {**worker_logs(), DECODE_POD: (FIXTURES / "logs_tcp_fallback.txt").read_text()}
+    result = checks.nixl_uses_efa(logs)
+    assert not result.passed
+    assert f"{DECODE_POD} fell back:" in result.evidence and "(TCP fallback)" in result.evidence
+
+
+def test_nixl_without_provider_lines_fails_with_a_hint():
+    result = checks.nixl_uses_efa({PREFILL_POD: "Ray runtime started.\n"})
+    assert not result.passed
+    assert "NIXL_LOG_LEVEL=INFO" in result.evidence
+
+
+def counters(prefill_local, decode_external, decode_local, transfers) -> checks.Counters:
+    metric = "ray_vllm_prompt_tokens_by_source_total"
+    return {
+        ("Prefill:tiny-llama", metric, "local_compute"): prefill_local,
+        ("Decode:tiny-llama", metric, "external_kv_transfer"): decode_external,
+        ("Decode:tiny-llama", metric, "local_compute"): decode_local,
+        ("Decode:tiny-llama", "ray_vllm_nixl_xfer_time_seconds_count", ""): transfers,
+    }
+
+
+def test_kv_transferred_without_recompute_passes():
+    result = checks.kv_transferred(counters(100, 100, 0, 2), counters(220, 220, 0, 3), 120)
+    assert result.passed, result.evidence
+    assert "decode external_kv_transfer +120, local_compute +0; NIXL transfers +1" in result.evidence
+
+
+@pytest.mark.parametrize(
+    "after, expected",
+    [
+        (counters(220, 100, 120, 2), "decode recomputed 120 prompt tokens"),
+        (counters(220, 220, 0, 2), "no NIXL transfer was counted on decode"),
+        (counters(100, 220, 0, 3), "prefill computed 0 of 120 prompt tokens"),
+    ],
+)
+def test_kv_not_transferred_fails(after, expected):
+    result = checks.kv_transferred(counters(100, 100, 0, 2), after, 120)
+    assert not result.passed
+    assert expected in result.evidence
+
+
+def test_phase_counters_attribute_each_scrape_to_its_phase():
+    text = (
+        "# TYPE ray_vllm_prompt_tokens_by_source_total counter\n"
+        'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r1",source="external_kv_transfer"} 46.0\n'
+        'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r1",source="local_compute"} 0.0\n'
+        'ray_vllm_nixl_xfer_time_seconds_count{ReplicaId="r1"} 1.0\n'
+        'ray_serve_num_http_requests_total{route="/"} 3.0\n'
+    )
+    prefill = 'ray_vllm_prompt_tokens_by_source_total{ReplicaId="r0",source="local_compute"} 46.0\n'
+    after = checks.phase_counters({f"Decode/{DECODE_POD}": text, f"Prefill/{PREFILL_POD}": prefill})
+    assert checks.kv_transferred({}, after, 46).passed
+    assert all(metric.startswith("ray_vllm_") for _, metric, _ in after)
+
+
+def test_chat_completion_against_nothing_fails_with_the_error():
+    result = checks.chat_completion_works("http://127.0.0.1:9/v1", "m", timeout=5)
+    assert not result.passed
+    assert result.evidence.startswith("POST http://127.0.0.1:9/v1/chat/completions failed: APIConnectionError")
+
+
+def test_recording_writes_the_files_replay_reads(tmp_path):
+    recording = RecordingKube(KUBE, tmp_path)
+    recording.get_json(["get", "nodes"])
+    recording.ray_logs(DECODE_POD, "llm", checks.WORKER_CONTAINER)
+    assert {p.name for p in tmp_path.iterdir()} <= {p.name for p in HEALTHY.iterdir()}
+    assert RecordedKube(tmp_path).get_json(["get", "nodes"]) == nodes()
+    with pytest.raises(KubeError, match="no recorded output for `kubectl get pods`"):
+        RecordedKube(tmp_path).get_json(["get", "pods"])
+
+
+def test_missing_kubectl_is_a_clear_error():
+    runner = KubectlRunner()
+    runner.base = ["kubectl-that-is-not-installed"]
+    with pytest.raises(KubeError, match="not on PATH"):
+        runner.get_json(["get", "nodes"])
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_wrong_context_is_a_clear_error(tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    with pytest.raises(KubeError, match="kubeconfig points at this environment's cluster"):
+        KubectlRunner(str(kubeconfig), "pd-dev").get_json(["get", "nodes"])
+
+
+def test_verify_finds_the_workers_the_manifest_renders():
+    """verify looks pods up by the contract's names; the rendered RayService must use the same ones."""
+    from config.loader import load_config
+    from manifests import contract
+    from manifests import ray_service as manifest
+
+    config = load_config(ROOT / "config" / "dev.yaml")
+    for phase in contract.PHASES:
+        group = manifest.worker_group(config, phase, image="i", service_account="s")
+        container = group["template"]["spec"]["containers"][0]
+        assert checks.WORKER_GROUPS[group["groupName"]] == phase
+        assert container["name"] == checks.WORKER_CONTAINER
+        assert checks.EFA_RESOURCE in container["resources"]["limits"]
+        assert group["template"]["spec"]["nodeSelector"][checks.PHASE_LABEL] == phase
+
+
+def verify_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verify", "--config", "config/dev.yaml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_on_a_healthy_recording_passes_every_check():
+    done = verify_cli("--recorded", str(HEALTHY))
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        "PASS RayService ready",
+        "PASS rollout state",
+        "PASS Cluster Autoscaler sees both GPU groups",
+        "PASS no worker Pending too long",
+        "PASS time to the last new replica",
+        "PASS replicas on their node groups",
+        "PASS EFA allocated to workers",
+        "PASS NIXL uses EFA",
+        "PASS chat completion",
+        "PASS KV transferred, no recompute",
+    ]
+    assert lines[-1] == "10/10 checks passed"
+
+
+def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(HEALTHY, broken)
+    pods_file = broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json"
+    shutil.copy(FIXTURES / "pods_decode_on_prefill_node.json", pods_file)
+    decode_log = next(broken.glob(f"exec_{DECODE_POD}_*.txt"))
+    shutil.copy(FIXTURES / "logs_tcp_fallback.txt", decode_log)
+    (broken / "endpoint.json").unlink()
+    done = verify_cli("--recorded", str(broken))
+    assert done.returncode == 1
+    out = done.stdout
+    assert "PASS RayService ready:" in out and "PASS EFA allocated to workers:" in out
+    assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
+    assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
+    assert "FAIL chat completion: no chat completion was recorded" in out
+    assert out.splitlines()[-1] == "6/10 checks passed"
+
+
+def test_cli_without_a_cluster_answer_exits_2(tmp_path):
+    done = verify_cli("--recorded", str(tmp_path))
+    assert done.returncode == 2
+    assert "no recorded output for `kubectl get rayservice pd-llm -n llm`" in done.stderr
+
+
+AUTOSCALER_KEYS = (
+    ["get", "deployment", checks.AUTOSCALER_NAME, "-n", checks.AUTOSCALER_NAMESPACE],
+    ["get", "configmap", checks.AUTOSCALER_STATUS_CONFIGMAP, "-n", checks.AUTOSCALER_NAMESPACE],
+)
+
+
+def autoscaler_parts():
+    deployment, configmap = (KUBE.get_json(args) for args in AUTOSCALER_KEYS)
+    return deployment, checks.autoscaler_status(configmap)
+
+
+def test_autoscaler_sees_both_gpu_groups_with_their_configured_sizes():
+    deployment, status = autoscaler_parts()
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert result.passed, result.evidence
+    assert (
+        "prefill: eks-EksClusterNodegroupPrefillNodesD823" in result.evidence
+        and "min 1 max 2 target 1" in result.evidence
+    )
+
+
+def test_autoscaler_with_other_sizes_or_a_missing_group_fails():
+    deployment, status = autoscaler_parts()
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (0, 4)})
+    assert not result.passed
+    assert "the config says min 0 max 4 (deploy again?)" in result.evidence
+    status["nodeGroups"] = [g for g in status["nodeGroups"] if "Decode" not in g["name"]]
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert "no decode node group among" in result.evidence
+
+
+def test_autoscaler_not_running_fails():
+    deployment, status = autoscaler_parts()
+    deployment["status"]["availableReplicas"] = 0
+    status["autoscalerStatus"] = "Initializing"
+    result = checks.autoscaler_sees_gpu_groups(deployment, status, {"prefill": (1, 2), "decode": (1, 2)})
+    assert not result.passed
+    assert "no available replica" in result.evidence and "status is Initializing" in result.evidence
+
+
+def test_a_worker_pending_longer_than_a_new_replica_takes_fails():
+    now = checks._status_time(autoscaler_parts()[1]["time"])
+    assert now == STATUS_TIME
+    result = checks.no_worker_pending_too_long(load("pods_worker_pending.json"), now, 285)
+    assert not result.passed
+    assert "pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s, longer than the 285 s" in result.evidence
+    assert "prefill-gpu-worker-ab12c" not in result.evidence  # 108 s is within the estimate
+    healthy = checks.no_worker_pending_too_long(pods(), now, 285)
+    assert healthy.passed and "no worker pod Pending" in healthy.evidence
+
+
+def test_cli_reports_a_stuck_worker(tmp_path):
+    broken = tmp_path / "stuck"
+    shutil.copytree(HEALTHY, broken)
+    shutil.copy(FIXTURES / "pods_worker_pending.json", broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json")
+    done = verify_cli("--recorded", str(broken))
+    assert "FAIL no worker Pending too long: pd-llm-q8t4m-decode-gpu-worker-zz9rt Pending for 1306 s" in done.stdout
+
+
+def gated_recording(tmp_path, probe_answer: str) -> Path:
+    """The healthy recording with the pods of a gated model and what the token probe printed."""
+    from verify.kube import slug
+
+    recording = tmp_path / "gated"
+    shutil.copytree(HEALTHY, recording)
+    shutil.copy(FIXTURES / "pods_gated.json", recording / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json")
+    for pod in (PREFILL_POD, DECODE_POD):
+        args = ["exec", pod, "-n", "llm", "-c", checks.WORKER_CONTAINER, "--", "sh", "-c", checks.HF_TOKEN_PROBE]
+        (recording / f"{slug(args)}.txt").write_text(probe_answer + "\n")
+    return recording
+
+
+def gated_config(tmp_path) -> Path:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "config" / "dev.yaml").read_text())
+    data["serving"]["model"] = {
+        "model_id": "llama-3.1-8b",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "gated": True,
+        "hf_token_secret": "pd-serving/hf-token",
+    }
+    path = tmp_path / "gated.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_gated_model_token_mounted_in_every_worker_passes_without_printing_it(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verify",
+            "--config",
+            str(gated_config(tmp_path)),
+            "--recorded",
+            str(gated_recording(tmp_path, "present")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(x for x in done.stdout.splitlines() if "Hugging Face token mounted" in x)
+    assert line.startswith("PASS Hugging Face token mounted:")
+    assert f"{PREFILL_POD}: /var/run/secrets/huggingface/token present, not empty" in line
+    # The probe prints one word; nothing from the file can reach the output.
+    assert "cat " not in checks.HF_TOKEN_PROBE and "echo present" in checks.HF_TOKEN_PROBE
+
+
+@pytest.mark.parametrize("answer", ["empty", "missing"])
+def test_gated_model_token_empty_or_missing_fails(tmp_path, answer):
+    kube = RecordedKube(gated_recording(tmp_path, answer))
+    gated_pods = kube.get_json(["get", "pods", "-n", "llm", "-l", checks.RAY_PODS_SELECTOR])
+    probes = {pod: answer for pod in (PREFILL_POD, DECODE_POD)}
+    result = checks.hf_token_mounted(gated_pods, probes)
+    assert not result.passed
+    assert f"{DECODE_POD}: /var/run/secrets/huggingface/token {answer}" in result.evidence
+
+
+def test_worker_without_the_token_volume_fails():
+    result = checks.hf_token_mounted(pods(), {PREFILL_POD: "present", DECODE_POD: "present"})
+    assert not result.passed and "no secrets-store.csi.k8s.io volume or no HF_TOKEN_PATH" in result.evidence
+
+
+def rayclusters() -> dict:
+    return KUBE.get_json(["get", "rayclusters", "-n", "llm"])
+
+
+STATUS_TIME = datetime(2026, 11, 30, 17, 59, 58, tzinfo=UTC)
+
+
+def test_rollout_state_names_the_serving_cluster_and_no_other():
+    result = checks.rollout_state(rayservice(), rayclusters(), STATUS_TIME, 120)
+    assert result.passed, result.evidence
+    assert result.evidence == "serving pd-llm-xk2vd; no other RayCluster"
+
+
+def test_rollout_under_way_reports_how_far_the_new_cluster_got():
+    result = checks.rollout_state(
+        load("rayservice_upgrading.json"), load("rayclusters_upgrading.json"), STATUS_TIME, 120
+    )
+    assert result.passed, result.evidence
+    assert "serving pd-llm-xk2vd" in result.evidence
+    assert (
+        "new cluster pd-llm-q8t4m coming up: 1/2 workers ready, state not ready; Serve app llm DEPLOYING"
+        in result.evidence
+    )
+
+
+def test_an_old_cluster_that_outlives_the_deletion_delay_fails():
+    result = checks.rollout_state(rayservice(), load("rayclusters_old_left.json"), STATUS_TIME, 120)
+    assert not result.passed
+    assert "old cluster pd-llm-b7n2c still exists 4798 s after pd-llm-xk2vd became ready" in result.evidence
+    fresh = checks.rollout_state(
+        rayservice(), load("rayclusters_old_left.json"), datetime(2026, 11, 30, 16, 41, tzinfo=UTC), 120
+    )
+    assert fresh.passed and "old cluster pd-llm-b7n2c lingers for in-flight requests" in fresh.evidence
+
+
+def test_time_to_the_last_replica_is_reported_next_to_the_planners_estimate():
+    args = ["exec", "pd-llm-xk2vd-head-8tq2w", "-n", "llm", "-c", "ray-head", "--", "sh", "-c", checks.SERVE_STARTS]
+    starts = KUBE.text(args)
+    result = checks.time_to_last_replica(pods(), starts, {"prefill": 285, "decode": 285}, "pd-llm-xk2vd")
+    assert result.passed
+    assert result.evidence == (
+        f"decode: {DECODE_POD}: 98 s waiting for a node, 86 s to Ready (image pull, Ray), 196 s for Serve's replica "
+        "(weights, engine); about 380 s in all, planner estimate 285 s"
+    )
