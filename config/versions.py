@@ -162,5 +162,5 @@ SERVING_IMAGE_VLLM_VERSION = "0.26.0"
 SERVING_IMAGE_NODE_DISK_GIB = 100
 
 # What the Python tests and `make local` run. The package index has no vLLM CPU build that pairs
-# with Ray 2.58's vLLM pin on this CPU PyTorch, so the tests run the newer Ray below; see README.
+# with Ray 2.58's vLLM pin on this CPU PyTorch, so the tests run the newer Ray below; see docs/configuration.md, "Versions".
 TEST_RAY_VERSION = "2.60.0"
