@@ -16,10 +16,10 @@ from config.catalog import INSTANCES, InstanceFacts
 from config.schema import PlannerSettings
 from planner.errors import PlanningError, field_name
 from planner.models import ModelArchitecture, load_architecture
+from serve_app.spec import PHASES
 
 GIB = 2**30
 HOURS_PER_MONTH = 24 * 30
-PHASES = ("prefill", "decode")
 # vLLM allocates KV cache in blocks of this many tokens, so capacity rounds down.
 KV_BLOCK_TOKENS = 16
 # The prompt/output token ratio from which prefill interference justifies its own nodes.
