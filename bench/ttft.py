@@ -22,6 +22,8 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from cli.args import ArgumentParser
+
 # Prompt lengths in tokens (the tiny local model's tokenizer is byte level: one token per byte).
 PROMPT_TOKENS = {"short": 20, "medium": 500, "long": 1500}
 FILLER = "the quick brown fox jumps over the lazy dog and keeps running through the long grass "
@@ -193,12 +195,14 @@ def where_table(rows: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--model", default="tiny-llama")
+    parser = ArgumentParser(
+        prog="python -m bench.ttft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True, help="OpenAI base URL of the server, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default="tiny-llama", help="served model name (default: tiny-llama)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer path or id (default: byte-level, the tiny model)")
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--warmups", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=10, help="measured requests per prompt size (default: 10)")
+    parser.add_argument("--warmups", type=int, default=3, help="requests before measuring, not counted (default: 3)")
     args = parser.parse_args(argv)
     tokenizer = None
     if args.tokenizer:
