@@ -52,7 +52,9 @@ class LocalS3:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10
+        ).close()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -76,11 +78,17 @@ class LocalS3:
         """A boto3 client of this server, acting in ``account`` (moto's default account if None)."""
         import boto3
 
-        kwargs = {"endpoint_url": self.endpoint, "region_name": self.region,
-                  "aws_access_key_id": "local", "aws_secret_access_key": "local"}
+        kwargs = {
+            "endpoint_url": self.endpoint,
+            "region_name": self.region,
+            "aws_access_key_id": "local",
+            "aws_secret_access_key": "local",
+        }
         if account:
             role = f"arn:aws:iam::{account}:role/cdk-{BOOTSTRAP_QUALIFIER}-file-publishing-role-{account}-{self.region}"
-            credentials = boto3.client("sts", **kwargs).assume_role(RoleArn=role, RoleSessionName="local-bootstrap")["Credentials"]
+            credentials = boto3.client("sts", **kwargs).assume_role(RoleArn=role, RoleSessionName="local-bootstrap")[
+                "Credentials"
+            ]
             kwargs.update(
                 aws_access_key_id=credentials["AccessKeyId"],
                 aws_secret_access_key=credentials["SecretAccessKey"],
@@ -115,9 +123,22 @@ def publish_assets(s3: LocalS3, cloud_assembly: Path, timeout: float = 300) -> N
         JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
     )
     done = subprocess.run(
-        [str(CDK_CLI), "publish-assets", "--unstable=publish-assets", "--app", str(cloud_assembly),
-         "--no-notices", "--no-version-reporting", "--concurrency", "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        [
+            str(CDK_CLI),
+            "publish-assets",
+            "--unstable=publish-assets",
+            "--app",
+            str(cloud_assembly),
+            "--no-notices",
+            "--no-version-reporting",
+            "--concurrency",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"cdk publish-assets failed:\n{(done.stdout + done.stderr)[-3000:]}")
@@ -149,9 +170,24 @@ def synthesize(config_path: Path, outdir: Path, timeout: float = 600) -> None:
     """`cdk synth` of an environment through the CDK CLI, offline, as `make synth` runs it."""
     env = {**os.environ, "CDK_DISABLE_CLI_TELEMETRY": "true", "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
     done = subprocess.run(
-        [str(CDK_CLI), "synth", "--app", f"{sys.executable} app.py", "-c", f"config={config_path}",
-         "--no-notices", "--no-version-reporting", "--quiet", "--output", str(outdir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        [
+            str(CDK_CLI),
+            "synth",
+            "--app",
+            f"{sys.executable} app.py",
+            "-c",
+            f"config={config_path}",
+            "--no-notices",
+            "--no-version-reporting",
+            "--quiet",
+            "--output",
+            str(outdir),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"cdk synth of {config_path} failed:\n{done.stderr[-3000:]}")

@@ -1,7 +1,8 @@
 """Start and stop the local server as a child process: for tests, benchmarks and `make verify`.
 
 The server runs in its own session so that stopping it reaches Ray's processes too; stopping sends
-SIGINT (a clean Serve and Ray shutdown) and escalates to SIGKILL only after a grace period.
+SIGINT (a clean Serve and Ray shutdown) and escalates to SIGKILL only after a grace period. Should the
+process that started it die without stopping it, the server stops its run by itself within seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local import lifecycle
-from local.server import ROOT, RUN_DIR
+from local.paths import ROOT, RUN_DIR
 
 
 @dataclass
@@ -44,13 +45,23 @@ class LocalServer:
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "local.server", "--mode", self.mode,
-                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                sys.executable,
+                "-m",
+                "local.server",
+                "--mode",
+                self.mode,
+                "--port",
+                str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
                 *(["--spec", str(self.spec)] if self.spec else []),
                 *(["--code-from-asset", str(self.code_from_asset)] if self.code_from_asset else []),
                 *self.extra_args,
             ],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         deadline = time.monotonic() + timeout
@@ -79,9 +90,7 @@ class LocalServer:
         """The engines' counters, settled (see :func:`local.metrics.settled`)."""
         from local.metrics import engine_counters, scrape, settled
 
-        return settled(
-            lambda: engine_counters(scrape(self.status["metrics_url"]), self.replicas()), settle, timeout
-        )
+        return settled(lambda: engine_counters(scrape(self.status["metrics_url"]), self.replicas()), settle, timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -1,24 +1,40 @@
-"""What a local run starts, what a dead one left behind, and who holds a port: read from /proc.
+"""What a local run starts, what a dead one left behind, and that the run never outlives what
+started it: read from /proc.
 
 The server leads a process session of its own, and every process it starts stays in it (Ray's
 daemons and agents, its workers, the vLLM engine processes), whatever its parent becomes once
 the server is gone. Its processes also carry ``PD_SERVING_LOCAL_RUN=<server pid>-<server start
 time>`` in their environment, which Ray's workers and the engines inherit (Ray starts its agents
 with an environment of their own, so the session is what finds those). A session whose leader,
-the server, no longer exists holds the leftovers of an unclean stop (kill -9). Linux only (``/proc``).
+the server, no longer exists holds the leftovers of an unclean stop (kill -9).
+
+Leading its own session, the server is out of reach of whatever stops its starter's process
+group, so it watches its parent itself (:func:`watch_parent`): once the process that started it
+is gone, for any reason, it stops the run. Linux only (``/proc``, ``prctl``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
-import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 RUN_MARKER = "PD_SERVING_LOCAL_RUN"
 PROC = Path("/proc")
+# The process that started this one, read as this module is imported (the server imports it
+# before anything slow). Had that process died before, this would be its reaper: the one window
+# nothing here can see.
+STARTED_BY = os.getppid()
+# What the kernel sends when the parent dies (prctl PR_SET_PDEATHSIG). A session leader without a
+# terminal gets no SIGHUP otherwise; the process in front of one (become_session_leader) takes a
+# terminal's hang-up for the same news.
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -30,8 +46,9 @@ class ProcessInfo:
         return f"pid {self.pid} ({self.command})"
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """/proc/pid/stat after the command name (field 3, the state, first); empty if the pid is gone."""
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/pid/stat after the command name (field 3, the state, first); empty if the pid is gone.
+    ``pid`` may be ``"<pid>/task/<tid>"`` for one thread."""
     try:
         return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -50,12 +67,19 @@ def run_mark(pid: int | None = None) -> str:
 
 
 def command_of(pid: int) -> str:
+    """The command line of ``pid``; ``[comm]`` when it has none (it is exiting: its memory, where
+    the command line lives, is gone already)."""
     try:
         raw = (PROC / str(pid) / "cmdline").read_bytes()
     except OSError:
         return "?"
     command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return command[:120] or f"[{(PROC / str(pid) / 'comm').read_text().strip()}]"
+    if command:
+        return command[:120]
+    try:
+        return f"[{(PROC / str(pid) / 'comm').read_text().strip()}]"
+    except OSError:
+        return "?"
 
 
 def _environ_mark(pid: int) -> str | None:
@@ -68,10 +92,31 @@ def _environ_mark(pid: int) -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (a zombie has exited; only its parent's wait is missing)."""
+def alive(pid: int) -> bool:
+    """Whether any thread of ``pid`` has not exited yet.
+
+    A zombie whose threads have all exited is gone (only its parent's wait is missing). But when
+    the first thread of a process exits before the others, /proc shows the process as a zombie
+    (and with no command line and no open files) while its other threads still run, or still
+    exit, holding its memory, its files and its ports: that process is not gone yet.
+    """
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
+    if not fields:
+        return False
+    if fields[0] not in ("Z", "X"):
+        return True
+    try:
+        threads = os.listdir(PROC / str(pid) / "task")
+    except OSError:
+        return False
+    return any(
+        (state := _stat_fields(f"{pid}/task/{tid}")[:1]) and state[0] not in ("Z", "X")
+        for tid in threads
+        if tid != str(pid)
+    )
+
+
+_alive = alive  # the name this had before it looked at threads
 
 
 def marked_processes(mark: str | None = None) -> dict[str, list[int]]:
@@ -83,7 +128,7 @@ def marked_processes(mark: str | None = None) -> dict[str, list[int]]:
             continue
         pid = int(entry.name)
         value = _environ_mark(pid)
-        if value and (mark is None or value == mark) and _alive(pid):
+        if value and (mark is None or value == mark) and alive(pid):
             found.setdefault(value, []).append(pid)
     return found
 
@@ -91,7 +136,7 @@ def marked_processes(mark: str | None = None) -> dict[str, list[int]]:
 def server_alive(mark: str) -> bool:
     """Whether the server that set ``mark`` still runs (same pid and the same start time)."""
     pid, _, started = mark.partition("-")
-    return pid.isdigit() and start_time(int(pid)) == started and _alive(int(pid))
+    return pid.isdigit() and start_time(int(pid)) == started and alive(int(pid))
 
 
 def session_members(session: int) -> list[int]:
@@ -102,7 +147,7 @@ def session_members(session: int) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            if os.getsid(int(entry.name)) == session and _alive(int(entry.name)):
+            if os.getsid(int(entry.name)) == session and alive(int(entry.name)):
                 members.append(int(entry.name))
         except (ProcessLookupError, PermissionError):
             continue
@@ -129,90 +174,139 @@ def leftovers(recorded_mark: str | None = None) -> list[ProcessInfo]:
     ]
 
 
-def become_session_leader() -> None:
-    """Makes this process lead a session of its own, so that everything it starts can be found.
+def stop_processes(
+    pids: list[int], grace: float = 5.0, kill_wait: float = 10.0, deadline: float | None = None
+) -> list[int]:
+    """SIGTERM, then SIGKILL what is still alive after ``grace`` seconds; returns once all are gone
+    (every thread: see :func:`alive`), or ``kill_wait`` seconds after the SIGKILL, or at
+    ``deadline`` (a time.monotonic()), with those still alive."""
+    deadline = deadline if deadline is not None else time.monotonic() + grace + kill_wait
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        living = [pid for pid in pids if alive(pid)]
+        for pid in living:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        until = min(time.monotonic() + wait, deadline)
+        while time.monotonic() < until and any(alive(pid) for pid in living):
+            time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
 
-    A process that already leads a process group (started from a shell, not through make) cannot
-    call setsid(); it then forks, the child carries on in a new session, and the parent stays in
-    front, passing on Ctrl-C and SIGTERM and exiting with the child's status.
+
+def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0) -> list[int]:
+    """Stops every process of the run ``mark`` and returns once none is left, those that appear
+    while it stops (a worker a dying raylet or replica started) included; at ``timeout``, returns
+    those still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = run_processes(mark)
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        stop_processes(pids, grace=grace, deadline=deadline)
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Waits until every one of ``pids`` is gone, at most ``timeout`` seconds; returns those left."""
+    deadline = time.monotonic() + timeout
+    while (living := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return living
+
+
+# --- never outliving the starter ------------------------------------------------------------------
+
+
+def become_session_leader() -> int:
+    """Makes the run lead a session of its own, so that everything it starts can be found; returns
+    the pid of the process that the run must not outlive (see :func:`watch_parent`).
+
+    Started in a session of its own (``start_new_session``, as the harness and the tests start it),
+    this process leads it already. Otherwise it forks: the child carries on in a new session, and
+    this process stays in front, in its starter's process group, where a terminal's Ctrl-C, make's
+    SIGTERM or a kill of the whole group reach it. It passes SIGINT and SIGTERM on to the child and
+    exits with the child's status. A hang-up (the terminal closed) or the death of its own starter
+    ends it at once, and the child, finding its parent gone, stops the run.
     """
     if os.getsid(0) == os.getpid():
-        return
-    try:
-        os.setsid()
-        return
-    except PermissionError:
-        pass
+        return STARTED_BY
+    front = os.getpid()
     child = os.fork()
     if child == 0:
         os.setsid()
-        return
+        return front
+    _stay_in_front(child)
+
+
+def _stay_in_front(child: int):
+    def forward(signum, _frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda number, _frame: os.kill(child, number))
+        signal.signal(signum, forward)
+    watch_parent(STARTED_BY, lambda: os._exit(128 + PARENT_DEATH_SIGNAL), hangup_means_gone=True)
     while True:
         try:
             _, status = os.waitpid(child, 0)
             break
         except InterruptedError:
             continue
-    os._exit(os.waitstatus_to_exitcode(status))
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
 
 
-def stop_processes(pids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL what is still alive after ``grace`` seconds; returns once all are gone."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        living = [pid for pid in pids if _alive(pid)]
-        for pid in living:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_alive(pid) for pid in living):
-            time.sleep(0.1)
+def _set_parent_death_signal(signum: int) -> bool:
+    """Asks the kernel for ``signum`` when the parent dies. Note that Linux sends it when the parent
+    *thread* that forked this process exits, even if the parent process lives on: the receiver
+    checks getppid()."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
-# --- ports ---------------------------------------------------------------------------------------
+def watch_parent(
+    parent: int, on_gone: Callable[[], None], *, hangup_means_gone: bool = False, poll: float = 1.0
+) -> None:
+    """Calls ``on_gone()`` once, from a thread of its own, as soon as ``parent`` is no longer this
+    process's parent (it died; this process was handed to a reaper), however it died.
+
+    The kernel signals the parent's death (PARENT_DEATH_SIGNAL, prctl PR_SET_PDEATHSIG); a watcher
+    thread also compares getppid() with ``parent`` every ``poll`` seconds, which catches a parent
+    that died before the kernel was asked, and a main thread busy in C code that would run the
+    signal's Python handler late. The signal alone is no proof, for the kernel also sends it when
+    the parent's *thread* that started this process ends: only getppid() decides, unless
+    ``hangup_means_gone`` (a terminal's hang-up, the same signal, then counts as the end too).
+    The handler only wakes the watcher: ``on_gone`` never runs inside a signal handler.
+    """
+    wake = threading.Event()
+    hung_up = threading.Event()
+
+    def on_signal(_signum, _frame):
+        if hangup_means_gone:
+            hung_up.set()
+        wake.set()
+
+    def watch():
+        while os.getppid() == parent and not hung_up.is_set():
+            wake.wait(poll)
+            wake.clear()
+        on_gone()
+
+    signal.signal(PARENT_DEATH_SIGNAL, on_signal)
+    _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    # Started after the signal was asked for: a parent that died before is seen by its first check.
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # As the servers themselves do: a socket of a stopped run in TIME_WAIT is not in the way.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+def __getattr__(name: str):
+    # Ports have a module of their own now (local/ports.py); these names stay for older callers.
+    if name in ("port_free", "port_holder"):
+        from local import ports
 
-
-def _listening_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = (PROC / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # 0A: LISTEN
-                inodes.add(inode)
-    return inodes
-
-
-def port_holder(port: int) -> ProcessInfo | None:
-    """The process listening on ``port``, where /proc tells (a process of this user)."""
-    inodes = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    if not inodes:
-        return None
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd) in inodes:
-                    return ProcessInfo(int(entry.name), command_of(int(entry.name)))
-        except OSError:
-            continue
-    return None
+        return getattr(ports, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

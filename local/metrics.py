@@ -79,7 +79,8 @@ def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tup
 def counter_delta(before: dict, after: dict, deployment_prefix: str, metric: str, source: str = "") -> float:
     def total(snapshot):
         return sum(
-            v for (dep, name, src), v in snapshot.items()
+            v
+            for (dep, name, src), v in snapshot.items()
             if dep.startswith(deployment_prefix) and name == metric and src == source
         )
 

@@ -13,6 +13,7 @@ Writes into OUT_DIR:
 Deterministic: the same arguments give byte-identical files (no timestamps; sorted JSON).
 Needs only torch, safetensors and tokenizers (no transformers import, no network).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,18 @@ def build_tokenizer(out: Path, model_max_length: int) -> int:
     return tok.get_vocab_size()
 
 
-def build_model(out: Path, *, seed: int, layers: int, hidden: int, heads: int, kv_heads: int,
-                intermediate: int, vocab_size: int, max_pos: int) -> dict:
+def build_model(
+    out: Path,
+    *,
+    seed: int,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab_size: int,
+    max_pos: int,
+) -> dict:
     import torch
     from safetensors.torch import save_file
 
@@ -149,8 +160,17 @@ def main(argv=None) -> None:
     n_tok = build_tokenizer(out, a.max_pos)
     if a.vocab_size < n_tok:
         raise SystemExit(f"--vocab-size {a.vocab_size} < tokenizer size {n_tok}")
-    build_model(out, seed=a.seed, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
-                intermediate=a.intermediate, vocab_size=a.vocab_size, max_pos=a.max_pos)
+    build_model(
+        out,
+        seed=a.seed,
+        layers=a.layers,
+        hidden=a.hidden,
+        heads=a.heads,
+        kv_heads=a.kv_heads,
+        intermediate=a.intermediate,
+        vocab_size=a.vocab_size,
+        max_pos=a.max_pos,
+    )
     print(f"wrote tiny llama to {os.path.abspath(out)} (vocab {a.vocab_size}, tokenizer {n_tok} tokens)")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,78 +44,6 @@ def dev_data():
     import yaml
 
     return yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
-
-
-@pytest.fixture(scope="session")
-def bench_rows() -> dict:
-    """Benchmark rows of each local mode, so the last module can put them side by side."""
-    return {}
-
-
-def serve_locally(mode: str, port: int, metrics_port: int, code_from_asset=None, extra_args=()):
-    """A module's local server: started once, always stopped, and proven to leave nothing behind."""
-    from local.harness import LocalServer, session_processes
-
-    running = LocalServer(
-        mode=mode, port=port, metrics_port=metrics_port, code_from_asset=code_from_asset, extra_args=list(extra_args)
-    ).start()
-    try:
-        yield running
-    finally:
-        session = running.process.pid
-        running.stop()
-    assert session_processes(session) == [], "the local server left processes behind"
-
-
-def openai_client(server):
-    import openai
-
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
-
-
-def unique_prompt(tag: str, length: int = 100) -> str:
-    """A prompt of ``length`` tokens for the tiny model (byte-level: an ASCII character is a token)
-    that no earlier prompt shares a prefix with."""
-    return (f"{tag} {time.time_ns()} " + "the quick brown fox jumps over the lazy dog " * 10)[:length]
-
-
-def wait_for_counters(server, before, deployment, metric, source, at_least, timeout=30):
-    """The server's counters once ``metric`` (``source``) of ``deployment`` grew by ``at_least``
-    since ``before``, or at ``timeout``: Ray exports engine counters on an interval."""
-    from local.metrics import counter_delta
-
-    deadline = time.monotonic() + timeout
-    while True:
-        after = server.counters()
-        if counter_delta(before, after, deployment, metric, source) >= at_least or time.monotonic() > deadline:
-            return after
-        time.sleep(1)
-
-
-def report_measurement(name: str, data: dict) -> None:
-    """Writes a measured number for the record (results/local-tests/); tests never assert timings."""
-    import json
-
-    out = ROOT / "results" / "local-tests"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
-    print(f"\n{name}: {json.dumps(data)}")
-
-
-def measure_one_request(server, client, model: str) -> dict:
-    import time
-
-    started = time.monotonic()
-    response = client.completions.create(
-        model=model, prompt="m" * 100, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
-    )
-    return {
-        "ready_seconds": server.status["ready_seconds"],
-        "models_listed_seconds": server.status["models_seconds"],
-        "one_request_seconds": round(time.monotonic() - started, 3),
-        "prompt_tokens": response.usage.prompt_tokens,
-        "completion_tokens": response.usage.completion_tokens,
-    }
 
 
 def with_changes(data: dict, changes: dict) -> dict:

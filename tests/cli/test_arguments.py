@@ -33,6 +33,7 @@ COMMANDS = {
     "bench.gpu.check": ["--out", "OUT/gpu-check"],
     "mirror.job": ["--repo", "Qwen/Qwen2.5-7B-Instruct", "--bucket", "b", "--prefix", "p"],
     "cli.dashboards": [],
+    "local.server": [],
 }
 
 

@@ -9,21 +9,21 @@ Then a request goes through prefill and decode with its KV over NIXL, as in the 
 
 from __future__ import annotations
 
-
 import pytest
 
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
-from tests.conftest import openai_client, report_measurement, serve_locally, unique_prompt, wait_for_counters
+from tests.local.conftest import openai_client, report_measurement, unique_prompt, wait_for_counters
 
 pytest.importorskip("runai_model_streamer_s3", reason="the serving stack (requirements-serve.txt) is not installed")
+pytestmark = pytest.mark.live
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from serve_locally(
-        "disaggregated", port=8020, metrics_port=8105, extra_args=["--model-from-s3", "--nixl-port-base", "40000"]
-    )
+def server(shared_servers):
+    # The disaggregated tests' server: its weights come from the loopback S3 (--model-from-s3),
+    # its code from dev's published asset. These tests run first on it, before any replica restarts.
+    return shared_servers.get("disaggregated")
 
 
 def test_the_engines_load_the_weights_from_the_s3_uri(server):
@@ -43,7 +43,9 @@ def test_the_engines_load_the_weights_from_the_s3_uri(server):
 def test_a_request_goes_through_both_phases_with_its_kv(server):
     client = openai_client(server)
     before = server.counters()
-    response = client.completions.create(model=MODEL, prompt=unique_prompt("streamed", 120), max_tokens=4, temperature=0)
+    response = client.completions.create(
+        model=MODEL, prompt=unique_prompt("streamed", 120), max_tokens=4, temperature=0
+    )
     assert response.usage.prompt_tokens == 120
     after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", 120)
     moved = counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")

@@ -13,14 +13,15 @@ import openai
 import pytest
 
 from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
-from tests.conftest import measure_one_request, openai_client, report_measurement, serve_locally
+from tests.local.conftest import measure_one_request, openai_client, report_measurement
 
+pytestmark = pytest.mark.live
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def server():
-    yield from serve_locally("colocated", port=8001, metrics_port=8086)
+def server(shared_servers):
+    return shared_servers.get("colocated")
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,7 @@ def test_same_model_same_endpoint_shape(client):
 
 
 def test_chat_and_streamed_completion(client):
-    chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8
-    )
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
     assert chat.usage.completion_tokens >= 1
     chunks = list(client.completions.create(model=MODEL, prompt="x" * 50, max_tokens=8, stream=True))
     assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2
@@ -73,10 +72,20 @@ def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
 
     from bench.run import main as bench_main
 
-    code = bench_main([
-        "--url", server.base_url, "--workload", "tiny", "--model", MODEL,
-        "--label", "colocated", "--out", str(tmp_path),
-    ])
+    code = bench_main(
+        [
+            "--url",
+            server.base_url,
+            "--workload",
+            "tiny",
+            "--model",
+            MODEL,
+            "--label",
+            "colocated",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert all(r["completed"] == 6 and r["failed"] == 0 for r in rows)

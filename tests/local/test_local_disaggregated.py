@@ -1,7 +1,7 @@
 """serve_app for real on this CPU in disaggregated mode, driven by the OpenAI client.
 
-One local server (Ray Serve, vLLM CPU engines, NIXL over loopback) is started for this module and
-always stopped afterwards.
+One local server (Ray Serve, vLLM CPU engines, NIXL over loopback), shared with the streaming tests
+(tests/local/conftest.py), serves this module; it is always stopped afterwards.
 """
 
 from __future__ import annotations
@@ -22,25 +22,24 @@ from local.metrics import (
     PROMPT_TOKENS_BY_SOURCE,
     counter_delta,
 )
-from tests.conftest import (
-    CONFIG_DIR,
-    ROOT,
+from tests.conftest import ROOT
+from tests.local.conftest import (
     measure_one_request,
     openai_client,
     report_measurement,
-    serve_locally,
     unique_prompt,
     wait_for_counters,
 )
 
+pytestmark = pytest.mark.live
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(shared_servers):
     # The code comes as the cluster gets it: dev's synthesized asset, published by the CDK CLI to
     # a loopback S3 and fetched by Ray from the s3:// working_dir (local/code_asset.py).
-    yield from serve_locally("disaggregated", port=8000, metrics_port=8085, code_from_asset=CONFIG_DIR / "dev.yaml")
+    return shared_servers.get("disaggregated")
 
 
 def test_serve_app_came_from_the_published_asset(server):
@@ -242,13 +241,24 @@ def test_bounded_load_has_no_failed_requests(server):
 
 
 def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
-    from bench.run import dated_dir, main as bench_main
+    from bench.run import dated_dir
+    from bench.run import main as bench_main
 
     out_dir = dated_dir(tmp_path)
-    code = bench_main([
-        "--url", server.base_url, "--workload", "tiny", "--model", MODEL,
-        "--label", "disaggregated", "--out", str(out_dir),
-    ])
+    code = bench_main(
+        [
+            "--url",
+            server.base_url,
+            "--workload",
+            "tiny",
+            "--model",
+            MODEL,
+            "--label",
+            "disaggregated",
+            "--out",
+            str(out_dir),
+        ]
+    )
     assert code == 0
     rows = json.loads((out_dir / "rows.json").read_text())
     assert [r["concurrency"] for r in rows] == [1, 2]
@@ -279,13 +289,16 @@ def server_spec():
 
 
 def prefill_replica_pids(session: int) -> list[int]:
+    from local.ray_internals import replica_process_title
+
+    title = replica_process_title(server_spec().app_name, "Prefill")
     pids = []
     for pid in session_processes(session):
         try:
             cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except FileNotFoundError:
             continue
-        if "ServeReplica:llm:Prefill" in cmdline:
+        if title in cmdline:
             pids.append(pid)
     return pids
 
@@ -331,17 +344,24 @@ def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
             time.sleep(5)
     report_measurement(
         "prefill-killed-under-load",
-        {**summary(records, 45), "errors": sorted({r["outcome"] for r in errors}),
-         "recovered_after_s": round(recovered_after or -1, 1)},
+        {
+            **summary(records, 45),
+            "errors": sorted({r["outcome"] for r in errors}),
+            "recovered_after_s": round(recovered_after or -1, 1),
+        },
     )
     assert recovered_after is not None, "no successful request within 10 minutes of the kill"
 
     # ...and decode again takes the prompt's KV from the new prefill replica.
     before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after-recovery", 90), max_tokens=4)
-    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
-                              response.usage.prompt_tokens)
-    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == response.usage.prompt_tokens
+    after = wait_for_counters(
+        server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", response.usage.prompt_tokens
+    )
+    assert (
+        counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
+        == response.usage.prompt_tokens
+    )
 
 
 def test_verify_checks_pass_against_the_live_local_server(server):
@@ -357,16 +377,19 @@ def test_verify_checks_pass_against_the_live_local_server(server):
 
 
 ROLLOUT_SCRIPT = """
-import json, sys, ray
-from ray.serve._private import api as serve_api
-from ray.serve.schema import ServeDeploySchema
+import sys, ray
+from local.assets import streamed_spec
+from local.ray_internals import deploy_serve_config
 from local.server import DEFAULT_SPEC, local_spec
 from serve_app.serve_config import serve_config
-port, working_dir = int(sys.argv[1]), sys.argv[2]
+port, working_dir, model_source = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 ray.init(address="auto", namespace="serve", logging_level="ERROR", log_to_driver=False)
-config = serve_config(local_spec(DEFAULT_SPEC, "disaggregated"), working_dir=working_dir)
+spec = local_spec(DEFAULT_SPEC, "disaggregated")
+if model_source.startswith("s3://"):  # only the code changes: the weights come from where they came
+    spec = streamed_spec(spec, model_source)
+config = serve_config(spec, working_dir=working_dir)
 config["http_options"].update(host="127.0.0.1", port=port)
-serve_api.serve_start(http_options=config["http_options"]).deploy_apps(ServeDeploySchema.model_validate(config))
+deploy_serve_config(config)
 print("submitted")
 """
 
@@ -383,8 +406,13 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
 
     old = server.status["code"]
     bucket, _, key = old.removeprefix("s3://").partition("/")
-    s3 = boto3.client("s3", endpoint_url=server.status["code_endpoint"], region_name="us-east-2",
-                      aws_access_key_id="local", aws_secret_access_key="local")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=server.status["code_endpoint"],
+        region_name="us-east-2",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
     new_key = "changed-" + key
     s3.copy_object(Bucket=bucket, Key=new_key, CopySource={"Bucket": bucket, "Key": key})
     replicas_before = set(server.replicas())
@@ -398,17 +426,37 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
     time.sleep(10)
     rolled_at = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", ROLLOUT_SCRIPT, str(server.port), f"s3://{bucket}/{new_key}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "AWS_ENDPOINT_URL": server.status["code_endpoint"], "AWS_ACCESS_KEY_ID": "local",
-             "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-2"},
+        [
+            sys.executable,
+            "-c",
+            ROLLOUT_SCRIPT,
+            str(server.port),
+            f"s3://{bucket}/{new_key}",
+            server.status["model_source"],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "AWS_ENDPOINT_URL": server.status["code_endpoint"],
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_REGION": "us-east-2",
+        },
     )
     assert done.returncode == 0, done.stderr[-2000:]
     submitted_after = time.monotonic() - rolled_at
     loader.join(seconds + REQUEST_TIMEOUT_S + 60)
     records = outcome["records"]
     failed = [r for r in records if r["outcome"] != "ok"]
-    window = (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at) if failed else None
+    window = (
+        (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at)
+        if failed
+        else None
+    )
+
     # The rollout happened (every engine replica was replaced), and the app serves again with KV transferred.
     def engines() -> set[str]:
         return {r for r, d in server.replicas().items() if d.startswith(("Prefill", "Decode"))}
@@ -431,16 +479,23 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
             time.sleep(2)
     report_measurement(
         "in-place-rollout",
-        {**summary(records, seconds), "errors": sorted({r["outcome"] for r in failed}),
-         "failing_from_s_after_rollout": round(window[0], 1) if window else None,
-         "failing_until_s_after_rollout": round(window[1], 1) if window else None,
-         "submitted_after_s": round(submitted_after, 1),
-         "replicas_replaced_after_s": round(replaced_after, 1),
-         "serves_again_after_s": round(serves_again_after, 1) if serves_again_after else None},
+        {
+            **summary(records, seconds),
+            "errors": sorted({r["outcome"] for r in failed}),
+            "failing_from_s_after_rollout": round(window[0], 1) if window else None,
+            "failing_until_s_after_rollout": round(window[1], 1) if window else None,
+            "submitted_after_s": round(submitted_after, 1),
+            "replicas_replaced_after_s": round(replaced_after, 1),
+            "serves_again_after_s": round(serves_again_after, 1) if serves_again_after else None,
+        },
     )
     assert serves_again_after is not None, "no answer within 5 minutes of the replicas being replaced"
     before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after-rollout", 90), max_tokens=4)
-    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer",
-                              response.usage.prompt_tokens)
-    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == response.usage.prompt_tokens
+    after = wait_for_counters(
+        server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", response.usage.prompt_tokens
+    )
+    assert (
+        counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
+        == response.usage.prompt_tokens
+    )

@@ -1,0 +1,122 @@
+"""Every private Ray API that the local run touches, and nothing else.
+
+Each one below is private to Ray: undocumented, outside Ray's compatibility promise, and free to
+change in any release, patch releases included. Each was checked against Ray 2.60.0
+(:data:`CHECKED_AGAINST`, the version requirements-serve.txt pins). After a Ray upgrade, check each
+one against the new release (the server prints a one-line note when it runs on another version):
+
+``start_ray``
+    ``ray.init``'s private keyword arguments ``_metrics_export_port`` (the fixed port of Ray's
+    Prometheus export, which the tests, the benchmarks and `make verify` scrape) and
+    ``_system_config={"metrics_report_interval_ms": ...}`` (the engines' counters reach the export
+    within a second). ``ray.init`` also installs a SIGTERM handler of its own in the driver
+    (``ray/_private/worker.py``, ``sigterm_handler``); the caller installs its handlers again after.
+``submit_app``
+    ``ray.serve.api._run(..., _blocking=False)``: ``serve.run`` without waiting for the app to be
+    RUNNING (``serve.run`` waits forever when a replica never gets there).
+``deploy_serve_config``
+    ``ray.serve._private.api.serve_start`` and the controller client's ``deploy_apps``
+    (``ray/serve/_private/client.py``): what ``serve deploy`` does with a Serve config, and KubeRay
+    with a RayService's serveConfigV2, done in this process.
+``serve_replicas``
+    The names Serve gives its replica actors, ``SERVE_REPLICA::<app>#<deployment>#<replica id>``
+    (``ray/serve/_private/common.py``, ``REPLICA_ID_FULL_ID_STR_PREFIX``): the replica ids that the
+    engines' metrics are labelled with. Listed with the public ``ray.util.list_named_actors``.
+``replica_process_title``
+    The process title of a replica's worker, ``ServeReplica:<app>:<deployment>``
+    (``ray/serve/_private/common.py``, ``DeploymentID.to_replica_actor_class_name``).
+``replica_log_files``
+    ``ray._private.worker.global_worker.node.get_session_dir_path()``, and the layout of a session's
+    logs: Serve's ``logs/serve/replica_<app>_<deployment>_<id>.log``, and the workers'
+    ``logs/worker-*.out`` / ``.err``, whose first lines name the actor the worker runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHECKED_AGAINST = "2.60.0"
+REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
+
+
+def version_note() -> str | None:
+    """A line to print when the installed Ray is not the one these were checked against."""
+    import ray
+
+    if ray.__version__ == CHECKED_AGAINST:
+        return None
+    return (
+        f"note: local/ray_internals.py uses private Ray APIs checked against Ray {CHECKED_AGAINST}; "
+        f"this is Ray {ray.__version__}"
+    )
+
+
+def start_ray(
+    *, num_cpus: int, resources: dict[str, float], metrics_export_port: int, metrics_report_interval_ms: int = 1000
+) -> None:
+    """A local Ray for this process, without a dashboard, exporting metrics on a fixed port."""
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus,
+        resources=resources,
+        include_dashboard=False,
+        _metrics_export_port=metrics_export_port,
+        _system_config={"metrics_report_interval_ms": metrics_report_interval_ms},
+        logging_level="WARNING",
+    )
+
+
+def submit_app(app, *, name: str, route_prefix: str = "/") -> None:
+    """Submits a Serve application and returns without waiting for it to be RUNNING."""
+    from ray.serve import api as serve_api
+
+    serve_api._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+
+
+def deploy_serve_config(config: dict) -> None:
+    """Deploys the applications of a Serve config (a dict, as serveConfigV2 holds it): Serve's
+    controller builds each from its ``import_path`` inside its ``runtime_env``."""
+    from ray.serve._private import api as serve_api
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(config)
+    client = serve_api.serve_start(http_options=schema.http_options.model_dump())
+    client.deploy_apps(schema)
+
+
+def serve_replicas() -> dict[str, str]:
+    """Serve replica id -> deployment name, from the replica actors' names (no dashboard needed)."""
+    import ray
+
+    replicas = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"] if isinstance(actor, dict) else actor
+        if name.startswith(REPLICA_ACTOR_PREFIX):
+            _app, deployment, replica_id = name[len(REPLICA_ACTOR_PREFIX) :].split("#")
+            replicas[replica_id] = deployment
+    return replicas
+
+
+def replica_process_title(app: str, deployment: str) -> str:
+    """What the process of a replica of ``deployment`` shows as its command line (its start)."""
+    return f"ServeReplica:{app}:{deployment}"
+
+
+def replica_log_files(deployment: str) -> list[Path]:
+    """Where the replicas of ``deployment`` (in the Ray session this process is connected to) log:
+    their Serve logs, then the stderr of their workers (where tracebacks of a replica's threads,
+    such as ZMQ's 'Address already in use', end up)."""
+    import ray
+
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    files = sorted((logs / "serve").glob(f"replica_*_{deployment.replace('/', '_')}_*.log"))
+    for out in logs.glob("worker-*.out"):
+        try:
+            with open(out, errors="replace") as log:
+                head = log.read(400)
+        except OSError:
+            continue
+        if "ServeReplica:" in head and f":{deployment}" in head:
+            files.append(out.with_suffix(".err"))
+    return files

@@ -1,0 +1,119 @@
+"""Stopping a run, whatever stops it, with nothing of it left once the server has exited.
+
+- The first SIGINT or SIGTERM unwinds the server (KeyboardInterrupt) into :func:`shutdown`: Serve
+  and Ray shut down cleanly while that fits, then whatever of the run is still there is stopped;
+  within SHUTDOWN_SECONDS in all (the promise is 30 s, start-up included).
+- A second one stops every process of the run at once (:func:`stop_now`).
+- The process that started the server going away (a closed terminal, a killed make, a CI runner's
+  SIGKILL) stops every process of the run at once as well (:func:`parent_gone`, called by
+  ``lifecycle.watch_parent``): nobody is left to wait for a clean shutdown.
+
+In every case the server exits only once no process of its run is left (``lifecycle.stop_run``,
+which also stops what the dying processes start meanwhile): a server that exited before its
+processes did would leave them for whoever looks next.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from local import lifecycle
+from local.paths import RUN_RECORD, STATUS_FILE, read_json
+
+SHUTDOWN_SECONDS = 25
+# Of SHUTDOWN_SECONDS, what stopping the processes a clean shutdown left (or could not stop) gets.
+STOP_SECONDS = 8
+# Stopping at once: SIGKILL after this long (a second signal), or a little longer (parent gone).
+PARENT_GONE_GRACE = 2.0
+
+_signals_seen = 0
+_exiting = threading.Lock()
+
+
+def say(line: str, *, error: bool = False) -> None:
+    """Prints a line if there is still somewhere to print it (a closed terminal is not)."""
+    try:
+        print(line, file=sys.stderr if error else sys.stdout, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def install_signal_handlers() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+
+
+def _on_signal(signum, _frame):
+    """First SIGINT/SIGTERM: unwind (KeyboardInterrupt) into the bounded shutdown. Second: stop now."""
+    global _signals_seen
+    _signals_seen += 1
+    if _signals_seen == 1:
+        raise KeyboardInterrupt
+    stop_now()
+
+
+def forget_run() -> None:
+    """Removes the status file, and the run record if it is this run's."""
+    STATUS_FILE.unlink(missing_ok=True)
+    if read_json(RUN_RECORD).get("pid") == os.getpid():
+        RUN_RECORD.unlink(missing_ok=True)
+
+
+def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> None:
+    """Stops every process of the run (SIGKILL after ``grace`` seconds), then exits with ``code``,
+    once they are gone. Only the first caller does it (the others return and let it)."""
+    if not _exiting.acquire(blocking=False):
+        return
+    if reason:
+        say(reason)
+    left = lifecycle.stop_run(lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS)
+    if left:
+        say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
+    forget_run()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def parent_gone() -> None:
+    """What ``lifecycle.watch_parent`` calls once the process that started the server is gone."""
+    stop_now(
+        code=128 + lifecycle.PARENT_DEATH_SIGNAL,
+        grace=PARENT_GONE_GRACE,
+        reason="the process that started the local server is gone; stopping the run",
+    )
+
+
+def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
+    """Serve and Ray shut down cleanly if they can within ``timeout`` less STOP_SECONDS; then every
+    process this run started that is still there is stopped, and this returns once none is left."""
+    global _signals_seen
+    _signals_seen = max(_signals_seen, 1)  # a signal from here on means "stop now"
+    say("shutting down")
+    STATUS_FILE.unlink(missing_ok=True)
+
+    def graceful():
+        try:
+            import ray
+            from ray import serve
+
+            if ray.is_initialized():
+                try:
+                    serve.shutdown()
+                finally:
+                    ray.shutdown()
+        except Exception as exc:  # noqa: BLE001 - whatever is left is stopped below
+            say(f"clean shutdown failed ({exc}); stopping the run's processes")
+
+    worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
+    worker.start()
+    worker.join(max(0.0, timeout - STOP_SECONDS))
+    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS)
+    if left:
+        say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)

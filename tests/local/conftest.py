@@ -1,0 +1,148 @@
+"""Live local servers for the tests in tests/local, and the helpers those tests share.
+
+Starting a server is most of what these tests cost, so tests that can share one do: a shared server
+is named by what it is started with (``LIVE_SERVERS``), at most one runs at a time (two would share
+this machine's cores), and it stays up for as long as the tests that use it run one after the
+other. ``ORDER`` makes sure they do: the colocated server's tests; the kill -9 test, whose "next
+start" is the disaggregated server; the disaggregated server's tests (the streaming ones first:
+they only read, while the disaggregated module kills a replica and rolls the app out); then the
+life-cycle tests, which start servers of their own and stop any shared one first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import CONFIG_DIR, ROOT
+
+# What each shared server is started with; every server proves, once stopped, that it left nothing.
+LIVE_SERVERS = {
+    "colocated": dict(mode="colocated", port=8001, metrics_port=8086),
+    # The code comes as the cluster gets it: dev's synthesized asset, published by the CDK CLI to a
+    # loopback S3 and fetched by Ray from the s3:// working_dir (local/code_asset.py); the weights
+    # too, streamed from that S3 by vLLM's Run:ai Model Streamer (tests/local/test_local_streaming.py).
+    "disaggregated": dict(
+        mode="disaggregated",
+        port=8000,
+        metrics_port=8085,
+        code_from_asset=CONFIG_DIR / "dev.yaml",
+        extra_args=["--model-from-s3"],
+    ),
+}
+# The order the tests run in (a test's node id ends with one of these): each shared server's tests
+# together, and the kill -9 test right before the disaggregated server's, as that server is its
+# "next start". Tests named nowhere here run first, in the order they were collected.
+ORDER = [
+    "test_local_processes.py",
+    "test_local_colocated.py",
+    "test_local_lifecycle.py::test_after_a_kill_9_the_next_start_cleans_up_and_serves",
+    "test_local_streaming.py",
+    "test_local_disaggregated.py",
+    "test_local_lifecycle.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Sorts the tests by ORDER (stable: within an entry, they keep the order they were collected in)."""
+
+    def rank(item):
+        tail = item.nodeid.rsplit("/", 1)[-1]  # e.g. test_local_lifecycle.py::test_x[param]
+        matching = [i for i, entry in enumerate(ORDER) if tail == entry or tail.startswith((entry + "::", entry + "["))]
+        return max(matching, key=lambda i: len(ORDER[i])) if matching else -1
+
+    items.sort(key=rank)
+
+
+class SharedServers:
+    """At most one live server at a time, reused by every test that asks for the same one."""
+
+    def __init__(self):
+        self.name: str | None = None
+        self.server = None
+
+    def get(self, name: str):
+        if self.name != name:
+            self.stop()
+            from local.harness import LocalServer
+
+            settings = dict(LIVE_SERVERS[name])
+            extra = settings.pop("extra_args", [])
+            self.server = LocalServer(**settings, extra_args=list(extra)).start()
+            self.name = name
+        assert self.server.process.poll() is None, f"the {name} server exited:\n{self.server.log_tail()}"
+        return self.server
+
+    def stop(self) -> None:
+        from local.harness import session_processes
+
+        running, self.server, self.name = self.server, None, None
+        if running is None:
+            return
+        session = running.process.pid
+        running.stop()
+        assert session_processes(session) == [], "the local server left processes behind"
+
+
+@pytest.fixture(scope="session")
+def shared_servers():
+    servers = SharedServers()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def bench_rows() -> dict:
+    """Benchmark rows of each local mode, so the last module can put them side by side."""
+    return {}
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+
+
+def unique_prompt(tag: str, length: int = 100) -> str:
+    """A prompt of ``length`` tokens for the tiny model (byte-level: an ASCII character is a token)
+    that no earlier prompt shares a prefix with."""
+    return (f"{tag} {time.time_ns()} " + "the quick brown fox jumps over the lazy dog " * 10)[:length]
+
+
+def wait_for_counters(server, before, deployment, metric, source, at_least, timeout=30):
+    """The server's counters once ``metric`` (``source``) of ``deployment`` grew by ``at_least``
+    since ``before``, or at ``timeout``: Ray exports engine counters on an interval."""
+    from local.metrics import counter_delta
+
+    deadline = time.monotonic() + timeout
+    while True:
+        after = server.counters()
+        if counter_delta(before, after, deployment, metric, source) >= at_least or time.monotonic() > deadline:
+            return after
+        time.sleep(1)
+
+
+def report_measurement(name: str, data: dict) -> None:
+    """Writes a measured number for the record (results/local-tests/); tests never assert timings."""
+    out = ROOT / "results" / "local-tests"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(f"\n{name}: {json.dumps(data)}")
+
+
+def measure_one_request(server, client, model: str) -> dict:
+    started = time.monotonic()
+    response = client.completions.create(
+        model=model, prompt="m" * 100, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    return {
+        "ready_seconds": server.status["ready_seconds"],
+        "models_listed_seconds": server.status["models_seconds"],
+        "one_request_seconds": round(time.monotonic() - started, 3),
+        "prompt_tokens": response.usage.prompt_tokens,
+        "completion_tokens": response.usage.completion_tokens,
+    }

@@ -1,0 +1,194 @@
+"""How a local run reads /proc and watches its parent, on small processes of the test's own: no Ray,
+no server, a few seconds in all. Every wait is bounded; every process started here is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from local import leftovers, lifecycle, ports
+from local.errors import StartupFailure
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux's")
+
+# A process whose first thread ends (pthread_exit) while another runs on: /proc shows it as a zombie,
+# with no command line and no open files, yet it holds its listening port. So does a multi-threaded
+# process killed mid-way whose first thread has finished exiting before the others.
+HALF_EXITED = """
+import ctypes, socket, sys, threading, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+threading.Thread(target=time.sleep, args=(120,)).start()
+print("listening", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+# A stand-in for a server that a kill -9 stopped: it leads a session, starts HALF_EXITED in it, and
+# is then killed, leaving the session without its leader, as the real leftovers are.
+STAND_IN_SERVER = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+
+
+def state(pid: int) -> str | None:
+    fields = lifecycle._stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def half_exited(port: int):
+    process = subprocess.Popen([sys.executable, "-c", HALF_EXITED, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout.readline().strip() == b"listening"
+        wait_for(lambda: state(process.pid) == "Z", 10, "the first thread's exit")
+        yield process
+    finally:
+        kill(process.pid)
+        process.wait(10)
+
+
+def test_a_process_whose_first_thread_exited_lives_and_holds_its_port_until_its_last_thread_exits():
+    port = free_port()
+    with half_exited(port) as process:
+        assert lifecycle.alive(process.pid)
+        assert not ports.port_free(port)
+        holder = ports.port_holder(port)
+        assert holder is not None and holder.pid == process.pid
+        kill(process.pid)
+        wait_for(lambda: not lifecycle.alive(process.pid), 10, "the whole process's exit")
+        assert ports.port_free(port)
+
+
+def test_the_next_start_stops_a_half_exited_leftover_and_waits_for_its_port(tmp_path, monkeypatch):
+    """The race after a kill -9: the next start stopped what it found, then refused a port of what
+    it had just stopped as held by "a process this user cannot see"."""
+    port = free_port()
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", STAND_IN_SERVER, HALF_EXITED, str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    left = int(stand_in.stdout.readline())
+    try:
+        mark = lifecycle.run_mark(stand_in.pid)
+        wait_for(lambda: state(left) == "Z", 10, "the leftover's first thread's exit")
+        kill(stand_in.pid)
+        stand_in.wait(10)
+        record = tmp_path / "run.json"
+        record.write_text(f'{{"mark": "{mark}"}}')
+        monkeypatch.setattr(leftovers, "RUN_RECORD", record)
+
+        said = []
+        stopped = leftovers.sweep(say=said.append)
+        assert left in stopped and len(said) == 1 and "left by an earlier local run" in said[0]
+        assert not lifecycle.alive(left)
+        ports.check_ports([(port, "a test port", "--test-port N")], stopped=stopped)  # it does not refuse
+        assert ports.port_free(port)
+    finally:
+        kill(left)
+        kill(stand_in.pid)
+        stand_in.wait(10)
+
+
+def test_a_port_that_none_of_the_stopped_processes_holds_is_refused_at_once_naming_its_holder():
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        started = time.monotonic()
+        with pytest.raises(StartupFailure) as refused:
+            ports.check_ports([(port, "a test port", "--test-port N")], stopped={2**22 + 1})
+    assert f"port {port} (a test port) is in use by pid {os.getpid()} (" in str(refused.value)
+    assert "--test-port N" in str(refused.value)
+    assert time.monotonic() - started < ports.SETTLE_SECONDS  # it did not wait for what is not leaving
+
+
+# --- never outliving the starter -----------------------------------------------------------------
+
+WATCHER = """
+import os, sys, time
+from local import lifecycle
+parent = int(sys.argv[1]) if len(sys.argv) > 1 else lifecycle.STARTED_BY
+lifecycle.watch_parent(parent, lambda: os._exit(9))
+print("watching", flush=True)
+time.sleep(60)
+"""
+
+# Starts WATCHER from a thread that then ends, as a supervisor's worker thread might: the kernel
+# sends the parent-death signal when that thread ends, though the parent lives on.
+THREADED_PARENT = """
+import subprocess, sys, threading, time
+children = []
+spawner = threading.Thread(target=lambda: children.append(
+    subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE)))
+spawner.start()
+spawner.join()
+assert children[0].stdout.readline().strip() == b"watching"
+print(children[0].pid, flush=True)
+time.sleep(3)
+print("alive" if children[0].poll() is None else f"exited {children[0].returncode}", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_parent_that_died_before_it_was_watched_is_seen_at_once():
+    # The watched parent is not this process's parent: as if it had died before watch_parent ran.
+    done = subprocess.run([sys.executable, "-c", WATCHER, str(2**22 + 1)], cwd=ROOT, capture_output=True, timeout=30)
+    assert done.returncode == 9, done.stderr.decode()[-2000:]
+
+
+def test_the_watcher_outlives_its_parents_thread_but_not_its_parent():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", THREADED_PARENT, WATCHER],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == b"alive"  # the spawning thread's end did not stop it
+        kill(parent.pid)
+        parent.wait(10)
+        wait_for(lambda: not lifecycle.alive(child), 10, "the watcher's exit after its parent's")
+    finally:
+        kill(parent.pid)
+        parent.wait(10)
+        if "child" in locals():
+            kill(child)
