@@ -83,3 +83,24 @@ def synth_variant(tmp_path, data: dict, name: str):
     path.write_text(yaml.safe_dump(data))
     stack = build_app(str(path), outdir=str(tmp_path / f"{name}-out")).node.children[0]
     return stack, Template.from_stack(stack)
+
+
+def network_and_cluster(stack, config):
+    """The VPC and the EKS cluster of ``config`` in ``stack``, as the stack wires them (no deploy facts)."""
+    from cdk_constructs.cluster import EksCluster
+    from cdk_constructs.log_groups import EncryptedLogs
+    from cdk_constructs.network import Network
+    from config.schema import DeployFacts
+
+    network = Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
+    eks_cluster = EksCluster(
+        stack,
+        "Eks",
+        config=config.cluster,
+        cluster_name="unit",
+        vpc=network.vpc,
+        subnets=network.private_subnets,
+        deployer=DeployFacts(),
+        logs=stack.node.find_child("Logs"),
+    )
+    return network, eks_cluster

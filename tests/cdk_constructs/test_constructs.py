@@ -13,6 +13,7 @@ from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.loader import load_config, parse_config
 from config.schema import DeployFacts
+from tests.conftest import network_and_cluster
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
 
@@ -41,17 +42,7 @@ def network_template(config):
 @pytest.fixture(scope="module")
 def cluster_parts(config):
     stack = bare_stack(config)
-    network = Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
-    eks_cluster = EksCluster(
-        stack,
-        "Eks",
-        config=config.cluster,
-        cluster_name="unit",
-        vpc=network.vpc,
-        subnets=network.private_subnets,
-        deployer=DeployFacts(),
-        logs=stack.node.find_child("Logs"),
-    )
+    network, eks_cluster = network_and_cluster(stack, config)
     system = SystemNodeGroup(
         stack,
         "System",
@@ -365,17 +356,7 @@ def test_device_plugins_tolerate_gpu_and_efa_taints(cluster_parts):
 
 def test_helm_addon_requires_a_version(config):
     stack = bare_stack(config)
-    network = Network(stack, "Network", config=config.network, logs=EncryptedLogs(stack, "Logs", description="unit"))
-    eks_cluster = EksCluster(
-        stack,
-        "Eks",
-        config=config.cluster,
-        cluster_name="unit",
-        vpc=network.vpc,
-        subnets=network.private_subnets,
-        deployer=DeployFacts(),
-        logs=stack.node.find_child("Logs"),
-    )
+    network, eks_cluster = network_and_cluster(stack, config)
     with pytest.raises(ValueError, match="no version given for kuberay-operator; pin one"):
         addons.kuberay_operator(stack, cluster=eks_cluster.cluster, version="")
 

@@ -10,15 +10,13 @@ import yaml
 from aws_cdk.assertions import Match, Template
 from pydantic import ValidationError
 
-from cdk_constructs.cluster import EksCluster
-from cdk_constructs.log_groups import EncryptedLogs
-from cdk_constructs.network import Network
 from cdk_constructs.observability import Observability
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import load_config
-from config.schema import DeployFacts, ObservabilityConfig
+from config.schema import ObservabilityConfig
 from manifests import dashboards
 from manifests.observability import KNOWN_METRICS, scrape_config
+from tests.conftest import network_and_cluster
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
 WORKSPACE = "arn:aws:aps:us-east-2:111111111111:workspace/ws-0123abcd-4567-89ef-0123-456789abcdef"
@@ -40,19 +38,7 @@ def synth(app_config, config: ObservabilityConfig, outdir=None):
         },
     )
     stack = cdk.Stack(app, "Bare", env=ENV)
-    network = Network(
-        stack, "Network", config=app_config.network, logs=EncryptedLogs(stack, "Logs", description="unit")
-    )
-    eks_cluster = EksCluster(
-        stack,
-        "Eks",
-        config=app_config.cluster,
-        cluster_name="unit",
-        vpc=network.vpc,
-        subnets=network.private_subnets,
-        deployer=DeployFacts(),
-        logs=stack.node.find_child("Logs"),
-    )
+    network, eks_cluster = network_and_cluster(stack, app_config)
     construct = Observability(
         stack,
         "Observability",
