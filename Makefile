@@ -8,6 +8,11 @@ PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 CDK_FLAGS := --app "$(abspath $(PY)) app.py" -c config=$(CONFIG) --no-notices --no-version-reporting
 PYTEST_ARGS ?=
+# Where the pinned Helm charts are read from (tests, make charts fills it); CI points it at a copy.
+CHART_CACHE ?= .cache/charts
+export CHART_CACHE
+# checkov pins dependencies that clash with the runtime's (boto3 among them), so it has a venv of its own.
+CHECKOV_VENV := .venv-checkov
 DEPLOY_FACTS := .deploy-facts.json
 MODE ?= disaggregated
 ASSET ?=
@@ -31,7 +36,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy check test test-unit plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy destroy check test test-unit charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -44,6 +49,7 @@ help:
 	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
 	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
+	@echo "make charts                                   helm pull the pinned charts into CHART_CACHE (needs internet)"
 	@echo "make check                                    lint, format check, types, import contracts"
 	@echo "make test-unit                                fast tests: no serving stack, no live server"
 	@echo "make test                                     install everything and run every test"
@@ -63,6 +69,11 @@ $(VENV)/.serve: requirements-serve.txt $(VENV)/.dev
 	$(PY) -m pip install -q --no-deps --no-index $(TORCH_CPU) 2>/dev/null \
 	  || $(PY) -m pip install -q --no-deps --extra-index-url $(TORCH_INDEX_URL) $(TORCH_CPU)
 	$(PY) -m pip install -q --no-deps -r requirements-serve.txt
+	touch $@
+
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --no-deps -r requirements-checkov.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -93,11 +104,13 @@ check: $(VENV)/.dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.serve node_modules/.installed
+test: $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed
+	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything that needs neither Ray and vLLM nor a live local server.
-test-unit: $(VENV)/.dev node_modules/.installed
+test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed
+	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest -m "not live and not serving" $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
@@ -112,6 +125,11 @@ bench-compare: $(VENV)/.serve
 	@test -n "$(LOCAL)$(PD_URL)" || { echo "make bench-compare needs PD_URL=… COLOCATED_URL=…, or LOCAL=1"; exit 2; }
 	$(PY) -m bench.compare $(if $(LOCAL),--local,--pd-url $(PD_URL) --colocated-url $(COLOCATED_URL)) \
 	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+
+# The charts the stack installs, from their repositories, into CHART_CACHE (the tests render them
+# with Helm; make test fetches only the project's own pins, and only those missing).
+charts: $(VENV)/.runtime
+	$(PY) -m cli.charts --cache $(CHART_CACHE) --with-cdk-chosen
 
 upgrade-crds: $(VENV)/.runtime
 	$(PY) -m cli.kuberay_crds $(CONFIG)

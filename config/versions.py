@@ -64,10 +64,13 @@ NVIDIA_DEVICE_PLUGIN = HelmChartPin(
     repository="https://nvidia.github.io/k8s-device-plugin",
     version="0.20.0",
 )
+# The newest version aws/eks-charts publishes: its gh-pages index.yaml (generated 2026-08-03) lists
+# v0.5.30 (appVersion v0.5.20) as the newest of the chart, as does master's Chart.yaml. AWS's
+# sample scripts pin v0.5.32, which no index has, and a version Helm cannot pull fails the deploy.
 EFA_DEVICE_PLUGIN = HelmChartPin(
     chart="aws-efa-k8s-device-plugin",
     repository="https://aws.github.io/eks-charts",
-    version="v0.5.32",
+    version="v0.5.30",
 )
 KUBERAY_OPERATOR = HelmChartPin(
     chart="kuberay-operator",
@@ -148,6 +151,13 @@ MIRROR_JOB_PACKAGES = (
 # Installed through aws_eks_v2's AlbController (only when the endpoint gets an internal NLB),
 # which ships the controller's IAM policy for the versions it knows; newest known to 2.275.0.
 AWS_LOAD_BALANCER_CONTROLLER = "V3_2_2"
+# The chart that AlbController installs for that version (aws-cdk-lib sets it; a test compares):
+# listed in aws/eks-charts' gh-pages index.yaml of 2026-08-03. `make charts` pulls it too.
+AWS_LOAD_BALANCER_CONTROLLER_CHART = HelmChartPin(
+    chart="aws-load-balancer-controller",
+    repository="https://aws.github.io/eks-charts",
+    version="3.2.2",
+)
 
 # The AWS Ray LLM Deep Learning Container of the reference design: Ray 2.58.0, vLLM 0.26.0,
 # NIXL and the EFA userspace stack (https://github.com/aws/deep-learning-containers,

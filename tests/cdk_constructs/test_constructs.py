@@ -66,7 +66,7 @@ def cluster_parts(config):
         kubernetes_version="1.36",
     )
     addons.nvidia_device_plugin(stack, cluster=eks_cluster.cluster, version="0.20.0")
-    addons.efa_device_plugin(stack, cluster=eks_cluster.cluster, version="v0.5.32")
+    addons.efa_device_plugin(stack, cluster=eks_cluster.cluster, version="v0.5.30")
     addons.kuberay_operator(stack, cluster=eks_cluster.cluster, version="1.7.0")
     return stack, network, group, Template.from_stack(stack)
 
@@ -323,7 +323,7 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(cluster_parts)
     ("chart", "version", "namespace", "selector"),
     [
         ("nvidia-device-plugin", "0.20.0", "kube-system", {"role": "gpu"}),
-        ("aws-efa-k8s-device-plugin", "v0.5.32", "kube-system", {"role": "gpu"}),
+        ("aws-efa-k8s-device-plugin", "v0.5.30", "kube-system", {"role": "gpu"}),
         ("kuberay-operator", "1.7.0", "kuberay-system", {"role": "system"}),
     ],
 )

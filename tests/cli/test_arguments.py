@@ -25,6 +25,7 @@ COMMANDS = {
     "cli.deploy_guard": [DEV, "--facts-out", "OUT/facts.json"],
     "cli.plan": [DEV],
     "cli.kuberay_crds": [DEV],
+    "cli.charts": ["--cache", "OUT/charts"],
     "cli.mirror_model": [DEV, "--repo", "Qwen/Qwen2.5-7B-Instruct", "--dry-run"],
     "verify": ["--config", DEV],
     "bench.run": ["--url", "http://127.0.0.1:9/v1"],

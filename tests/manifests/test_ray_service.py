@@ -34,32 +34,13 @@ def test_vendored_crd_is_kuberay_170_verbatim():
 
 @pytest.fixture(scope="module")
 def rayservice_schema():
-    crd = yaml.safe_load(RAYSERVICE_CRD.read_text())
+    from consumers.kubernetes import strict_structural
+
+    crd = yaml.load(RAYSERVICE_CRD.read_text(), Loader=yaml.CSafeLoader)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = copy.deepcopy(v1["schema"]["openAPIV3Schema"])
-    _strict(schema)
+    strict_structural(schema)
     return schema
-
-
-def _strict(schema: dict) -> None:
-    """The CRD's structural schema, made to reject unknown fields as the API server prunes them."""
-    if not isinstance(schema, dict):
-        return
-    if (
-        schema.get("type") == "object"
-        and "properties" in schema
-        and not schema.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        schema.setdefault("additionalProperties", False)
-    for key in ("properties", "patternProperties"):
-        for child in schema.get(key, {}).values():
-            _strict(child)
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            _strict(schema[key])
-    for key in ("allOf", "anyOf", "oneOf"):
-        for child in schema.get(key, []):
-            _strict(child)
 
 
 def validate(schema, manifest) -> None:

@@ -1,0 +1,74 @@
+"""`make charts` fills the chart cache with `helm pull`, from a Helm repository served on loopback
+here (the pinned repositories are not reachable from the tests), and says in one line what it cannot fetch."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cli import charts as make_charts
+from config.versions import HelmChartPin
+from consumers import binaries, charts
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def loopback_repository(tmp_path):
+    """A Helm chart repository on 127.0.0.1 holding the cached KubeRay chart, indexed by Helm itself."""
+    served = tmp_path / "repository"
+    served.mkdir()
+    shutil.copy(charts.chart_archive("kuberay-operator", "1.7.0"), served)
+    subprocess.run([str(binaries.helm()), "repo", "index", str(served)], check=True, timeout=60)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_make_charts_pulls_a_missing_chart_with_helm(loopback_repository, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    pin = HelmChartPin(chart="kuberay-operator", repository=loopback_repository, version="1.7.0")
+    monkeypatch.setattr(charts, "PINNED_CHARTS", {pin.chart: pin})
+    monkeypatch.setattr(charts, "CDK_CHOSEN_CHARTS", {"ignored-unless-asked": pin})
+    assert make_charts.main(["--check", "--cache", str(cache)]) == 1
+    assert make_charts.main(["--cache", str(cache)]) == 0
+    assert charts.chart_archive("kuberay-operator", "1.7.0", cache).read_bytes() == (
+        charts.chart_archive("kuberay-operator", "1.7.0").read_bytes()
+    )
+    assert make_charts.main(["--check", "--cache", str(cache)]) == 0
+
+
+def test_a_repository_that_cannot_be_reached_is_one_line(tmp_path):
+    pin = HelmChartPin(chart="kuberay-operator", repository="http://127.0.0.1:9", version="1.7.0")
+    with pytest.raises(charts.ChartRenderError) as failed:
+        charts.pull(pin, pin.version, tmp_path)
+    assert "\n" not in str(failed.value) and "helm pull kuberay-operator 1.7.0 from http://127.0.0.1:9" in str(
+        failed.value
+    )
+
+
+def test_check_names_every_missing_chart_and_how_to_fetch_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.charts", "--check", "--with-cdk-chosen", "--cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == len(charts.PINNED_CHARTS) + len(charts.CDK_CHOSEN_CHARTS)
+    assert all("make charts" in line for line in lines)
+    assert any("aws-efa-k8s-device-plugin v0.5.30" in line for line in lines)
