@@ -8,6 +8,11 @@ PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 CDK_FLAGS := --app "$(abspath $(PY)) app.py" -c config=$(CONFIG) --no-notices --no-version-reporting
 PYTEST_ARGS ?=
+# Tests without a live server run on two workers, a test file per worker (its module fixtures stay
+# whole); the live tests run after them, one server at a time, on the cores they need.
+PARALLEL ?= -n 2 --dist loadfile
+# pytest's exit status when a selection holds no test (PYTEST_ARGS naming only live, or no live, tests).
+NO_TESTS_COLLECTED := 5
 # Where the pinned Helm charts are read from (tests, make charts fills it); CI points it at a copy.
 CHART_CACHE ?= .cache/charts
 export CHART_CACHE
@@ -106,12 +111,13 @@ check: $(VENV)/.dev
 
 test: $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not live" $(PARALLEL) $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
+	$(PY) -m pytest -m live $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 
 # Everything that needs neither Ray and vLLM nor a live local server.
 test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
-	$(PY) -m pytest -m "not live and not serving" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
 local: $(VENV)/.serve node_modules/.installed

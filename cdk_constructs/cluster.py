@@ -11,7 +11,14 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from cdk_constructs.log_groups import EncryptedLogs
-from cdk_constructs.policy import acknowledge, managed_policy_finding
+from cdk_constructs.policy import (
+    acknowledge,
+    acknowledge_checkov,
+    acknowledge_cloudformation_only_functions,
+    acknowledge_guard,
+    cdk_provider,
+    managed_policy_finding,
+)
 from config.schema import UNRESOLVED_DEPLOYER_CIDR, ClusterConfig, DeployFacts
 from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
 
@@ -114,6 +121,14 @@ class EksCluster(Construct):
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(7),
         )
+        acknowledge_guard(
+            self.secrets_key,
+            "kms_create_grant_aws_service_check",
+            "EKS creates a grant on this key when it creates the cluster; whether that call counts as an AWS "
+            "service's (kms:GrantIsForAWSResource) cannot be shown without an account, and a Deny that catches "
+            "it fails the cluster's creation.",
+            resource_type="AWS::KMS::Key",
+        )
         self.cluster = eks.Cluster(
             self,
             "Cluster",
@@ -137,6 +152,14 @@ class EksCluster(Construct):
             ),
         )
         self.cluster.node.add_dependency(self.control_plane_logs)
+        if config.endpoint.public:
+            acknowledge_guard(
+                self.cluster,
+                "eks_endpoint_no_public_access_check",
+                "The config opens the public API endpoint to its listed CIDRs and, with allow_deployer_address, "
+                "the deployer's /32 only; set cluster.endpoint.public: false (as prod does) for private access alone.",
+                resource_type="AWS::EKS::Cluster",
+            )
         self._acknowledge_cdk_managed_parts()
         if self.cluster.alb_controller:
             self._acknowledge_load_balancer_controller(self.cluster.alb_controller)
@@ -204,6 +227,22 @@ class EksCluster(Construct):
             "AwsSolutions-L1",
             "The kubectl handler's runtime is pinned by aws-cdk-lib to match its kubectl layer.",
         )
+        acknowledge_cloudformation_only_functions(provider)
+        function = "AWS::Lambda::Function"
+        acknowledge_checkov(
+            provider,
+            "CKV_AWS_173",
+            "The environment holds no secret (the STS endpoint mode, the handler's function ARN); Lambda "
+            "encrypts it at rest with its AWS managed key.",
+            resource_type=function,
+        )
+        acknowledge_guard(
+            provider,
+            "lambda_inside_vpc_check",
+            "Both functions run in the VPC's private subnets with the cluster security group; the rule only "
+            "accepts groups declared as AWS::EC2::SecurityGroup, and EKS creates this one (a GetAtt of the cluster).",
+            resource_type=function,
+        )
 
     @staticmethod
     def _acknowledge_load_balancer_controller(controller: Construct) -> None:
@@ -213,6 +252,27 @@ class EksCluster(Construct):
         )
         for resource in LOAD_BALANCER_CONTROLLER_WILDCARDS:
             acknowledge(controller, f"AwsSolutions-IAM5[Resource::{resource}]", reason)
+        acknowledge_checkov(controller, "CKV_AWS_111", reason, resource_type="AWS::IAM::Policy")
+        # The controller's service account uses IRSA, whose OIDC provider and the CfnJson behind its
+        # trust policy are aws-cdk-lib singletons at the stack's root.
+        oidc = cdk_provider(controller, "Custom::AWSCDKOpenIdConnectProviderCustomResourceProvider")
+        acknowledge_cloudformation_only_functions(
+            oidc,
+            outside_vpc="It calls only the IAM API (global, public) to manage the cluster's OIDC provider, "
+            "once per stack operation; aws-cdk-lib runs it outside any VPC.",
+        )
+        acknowledge_checkov(
+            oidc,
+            "CKV_AWS_109",
+            "aws-cdk-lib's OIDC provider function manages IAM OIDC providers, whose ARNs exist only once it "
+            "creates them; its five actions touch nothing but OIDC providers.",
+            resource_type="AWS::IAM::Role",
+        )
+        acknowledge_cloudformation_only_functions(
+            cdk_provider(controller, "AWSCDKCfnUtilsProviderCustomResourceProvider"),
+            outside_vpc="It calls no AWS API at all: it renders JSON for the service account's trust policy "
+            "during stack operations.",
+        )
 
     def add_coredns_after(self, node_group: Construct) -> eks.Addon:
         """coredns stays DEGRADED (and its stack update fails) until a node can run it."""

@@ -14,6 +14,11 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
+from cdk_constructs.policy import acknowledge_guard, limit_grants_to_aws_services
+
+# Control Tower's CT.CLOUDWATCH.PR.2 asks for a year or more.
+CONTROL_TOWER_MIN_RETENTION_DAYS = 365
+
 RETENTION = {
     1: logs.RetentionDays.ONE_DAY,
     3: logs.RetentionDays.THREE_DAYS,
@@ -60,10 +65,11 @@ class EncryptedLogs(Construct):
                 },
             )
         )
+        limit_grants_to_aws_services(self.key)
 
     def log_group(self, scope: Construct, id_: str, *, retention_days: int, name: str | None = None) -> logs.LogGroup:
         """A log group encrypted with this key, expiring after ``retention_days``, deleted on destroy."""
-        return logs.LogGroup(
+        group = logs.LogGroup(
             scope,
             id_,
             log_group_name=name,
@@ -71,6 +77,16 @@ class EncryptedLogs(Construct):
             encryption_key=self.key,
             removal_policy=RemovalPolicy.DESTROY,
         )
+        if retention_days < CONTROL_TOWER_MIN_RETENTION_DAYS:
+            acknowledge_guard(
+                group,
+                "cloudwatch_log_group_retention_period_check",
+                f"Kept {retention_days} days, as the environment's config chooses: these are operational logs "
+                "(control plane, flow logs, provider functions, metrics agents) of a stack that destroy removes "
+                "whole; set the config's retention to 365 where an audit needs a year.",
+                resource_type="AWS::Logs::LogGroup",
+            )
+        return group
 
     def capture_function_logs(self, scope: IConstruct, *, retention_days: int) -> int:
         """Gives every Lambda function under ``scope`` a log group of this stack (``LoggingConfig``),

@@ -7,6 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from cdk_constructs.log_groups import EncryptedLogs
+from cdk_constructs.policy import acknowledge_cloudformation_only_functions, cdk_provider
 from config.schema import NetworkConfig
 
 _INTERFACE_SERVICES = {
@@ -37,7 +38,11 @@ class Network(Construct):
             availability_zones=list(config.availability_zones),
             nat_gateways=config.nat_gateways,
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                # Only NAT gateways (Elastic IPs) and load balancers (addresses of their own) live in the
+                # public subnets; an instance launched there by mistake gets no public address.
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24, map_public_ip_on_launch=False
+                ),
                 ec2.SubnetConfiguration(
                     name="Private",
                     subnet_type=(
@@ -47,6 +52,11 @@ class Network(Construct):
                 ),
             ],
             restrict_default_security_group=True,
+        )
+        acknowledge_cloudformation_only_functions(
+            cdk_provider(self, "Custom::VpcRestrictDefaultSGCustomResourceProvider"),
+            outside_vpc="It calls only the EC2 API, once per stack operation, to empty the default security "
+            "group; inside the VPC it would depend on the NAT or an EC2 endpoint of the VPC it configures.",
         )
         flow_log_group = logs.log_group(self, "FlowLogs", retention_days=config.flow_log_retention_days)
         self.vpc.add_flow_log(

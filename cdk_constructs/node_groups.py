@@ -12,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.policy import acknowledge, managed_policy_finding
+from cdk_constructs.policy import acknowledge, acknowledge_guard, managed_policy_finding
 from config import catalog
 from config.schema import GpuNodeGroupConfig, RootVolume, SystemNodeGroupConfig
 from manifests.contract import (
@@ -66,6 +66,17 @@ def acknowledge_node_role(nodegroup: eks.Nodegroup) -> None:
         )
 
 
+def acknowledge_basic_monitoring(template: ec2.CfnLaunchTemplate) -> None:
+    acknowledge_guard(
+        template,
+        "ec2_launch_template_monitoring_enabled_check",
+        "Nodes are watched through Kubernetes and the observability backend (Ray and vLLM metrics per pod); "
+        "EC2 detailed monitoring would add paid one-minute CPU metrics, and a new launch template version "
+        "rolls every node of the group.",
+        resource_type="AWS::EC2::LaunchTemplate",
+    )
+
+
 def _template_spec(template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
     return eks.LaunchTemplateSpec(id=template.ref, version=template.attr_latest_version_number)
 
@@ -108,6 +119,7 @@ class SystemNodeGroup(Construct):
                 metadata_options=_metadata(metadata_hop_limit),
             ),
         )
+        acknowledge_basic_monitoring(self.launch_template)
         self.nodegroup = cluster.add_nodegroup_capacity(
             "SystemNodes",
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
@@ -201,6 +213,15 @@ class GpuNodeGroup(Construct):
                 ],
                 placement=ec2.CfnLaunchTemplate.PlacementProperty(group_name=fabric.placement_group.ref),
             ),
+        )
+        acknowledge_basic_monitoring(self.launch_template)
+        acknowledge_guard(
+            self.launch_template,
+            "ec2_launch_template_public_ip_disabled_check",
+            "The EFA interface takes its address from the private GPU subnet, which assigns no public "
+            "addresses (MapPublicIpOnLaunch false); saying so in the launch template too would roll every "
+            "GPU node on the next deploy.",
+            resource_type="AWS::EC2::LaunchTemplate",
         )
         # The instance type is set on the node group only: naming it in the launch template as
         # well passes synth but fails the EKS deployment.

@@ -85,6 +85,25 @@ def synth_variant(tmp_path, data: dict, name: str):
     return stack, Template.from_stack(stack)
 
 
+@pytest.fixture(scope="session")
+def variant(tmp_path_factory):
+    """Synthesizes a named variant of a config (as a dict) once per session, for every test that
+    asks for the same name with the same data; returns (stack, template, outdir)."""
+    cache: dict[str, tuple[dict, tuple]] = {}
+
+    def get(name: str, data: dict):
+        if name in cache:
+            built_from, built = cache[name]
+            assert built_from == data, f"variant {name!r} asked for with two different configs"
+            return built
+        folder = tmp_path_factory.mktemp(f"variant-{name}")
+        stack, template = synth_variant(folder, data, name)
+        cache[name] = (data, (stack, template, folder / f"{name}-out"))
+        return cache[name][1]
+
+    return get
+
+
 def network_and_cluster(stack, config):
     """The VPC and the EKS cluster of ``config`` in ``stack``, as the stack wires them (no deploy facts)."""
     from cdk_constructs.cluster import EksCluster

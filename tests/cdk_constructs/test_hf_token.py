@@ -31,8 +31,9 @@ def gated_data(secret: str = SECRET) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory):
-    return synth_variant(tmp_path_factory.mktemp("gated"), gated_data(), "gated")
+def gated(variant):
+    stack, template, _ = variant("gated", gated_data())
+    return stack, template
 
 
 def charts(template) -> dict[str, dict]:

@@ -8,42 +8,31 @@ import functools
 import json
 
 import pytest
-import yaml
 
-from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, synth_variant
-
-
-def _dev() -> dict:
-    return yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+from tests.conftest import SHIPPED_ENVIRONMENTS
 
 
-def _gated() -> dict:
-    from tests.cdk_constructs.test_hf_token import gated_data
+def _variants() -> dict[str, dict]:
+    """The same variants, by the same names, as the policy checks (tests/stacks/test_template_policies.py)
+    build: each is synthesized once for both."""
+    from tests.stacks.test_template_policies import _variants as policy_variants
 
-    return gated_data()
-
-
-def _internal_nlb_with_cloudwatch() -> dict:
-    data = _dev()
-    data["ray_service"] = {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}}
-    data.setdefault("observability", {})["backend"] = "cloudwatch"
-    return data
+    return {name: data for name, data in policy_variants().items() if name in VARIANTS}
 
 
-VARIANTS = {"gated": _gated, "internal-nlb-cloudwatch": _internal_nlb_with_cloudwatch}
+VARIANTS = ("gated", "internal-nlb", "cloudwatch")
 TEMPLATES = [*SHIPPED_ENVIRONMENTS, *VARIANTS]
 
 
 @pytest.fixture(scope="session")
-def template_of(synthesized, tmp_path_factory):
+def template_of(synthesized, variant):
     """(config, template as CloudFormation reads it) of a shipped config or a variant, once each."""
     cache: dict[str, tuple] = {}
 
     def get(name: str):
         if name not in cache:
             if name in VARIANTS:
-                folder = tmp_path_factory.mktemp(f"consumers-{name}")
-                stack, template = synth_variant(folder, VARIANTS[name](), name)
+                stack, template, _ = variant(name, _variants()[name])
                 config = stack.config
             else:
                 config, _, template, _, _ = synthesized(name)

@@ -34,7 +34,7 @@ def test_every_chart_renders_with_the_templates_values(template_of, name):
 
 
 def test_the_load_balancer_controller_chart_renders(template_of):
-    config, template = template_of("internal-nlb-cloudwatch")
+    config, template = template_of("internal-nlb")
     (release,) = [r for r in helm_releases(template) if r.chart == versions.AWS_LOAD_BALANCER_CONTROLLER_CHART.chart]
     assert release.version == versions.AWS_LOAD_BALANCER_CONTROLLER_CHART.version, "aws-cdk-lib moved the chart"
     assert charts.rendered_objects(render_release(release, config))
