@@ -21,6 +21,9 @@ CHECKOV_VENV := .venv-checkov
 DEPLOY_FACTS := .deploy-facts.json
 MODE ?= disaggregated
 ASSET ?=
+# make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
+TEMPLATE ?=
+ALLOW_REPLACEMENT ?=
 # Extra flags for the local server, e.g. LOCAL_ARGS='--port 8010 --nixl-port-base 30000'.
 LOCAL_ARGS ?=
 # Extra flags for make mirror-model, e.g. MIRROR_ARGS='--repo Qwen/Qwen2.5-7B-Instruct --dry-run'.
@@ -41,11 +44,12 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy destroy check test test-unit charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy preview destroy check test test-unit charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
-	@echo "make deploy  [ENV=…|CONFIG=…]                 cdk deploy"
+	@echo "make preview [ENV=…|CONFIG=…] [TEMPLATE=file]  what the next deploy would do, in serving terms"
+	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1]   preview, then cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
 	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1]   serve_app on this CPU at http://127.0.0.1:8000/v1"
@@ -91,10 +95,25 @@ synth: $(VENV)/.runtime node_modules/.installed
 
 # The guard checks the config, then your credentials (account, your IAM role, your address,
 # the GPU vCPU quota), and writes what it resolved for app.py; nothing is resolved at synth.
+# The assembly is synthesized once, previewed in serving terms against the deployed template, and
+# that same assembly is deployed. ALLOW_REPLACEMENT=1: the preview named a stateful replacement and it is intended.
 deploy: $(VENV)/.runtime node_modules/.installed
 	$(PY) -m cli.deploy_guard $(CONFIG) --facts-out $(DEPLOY_FACTS)
-	$(CDK) deploy $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) \
-	  --require-approval broadening --progress events
+	$(CDK) synth $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) --quiet
+	$(PY) -m cli.preview $(CONFIG) --assembly $(OUTDIR) --summary-only --new-stack-ok $(if $(ALLOW_REPLACEMENT),--allow-replacement)
+	$(CDK) deploy --app $(OUTDIR) --no-notices --no-version-reporting --require-approval broadening --progress events
+
+# What the next make deploy would do, synthesized as make deploy synthesizes it (the guard resolves
+# your identity and address). TEMPLATE=file compares with a saved template instead of the deployed
+# one: offline, no credentials, no deploy facts.
+preview: $(VENV)/.runtime node_modules/.installed
+ifeq ($(TEMPLATE),)
+	$(PY) -m cli.deploy_guard $(CONFIG) --facts-out $(DEPLOY_FACTS)
+	$(CDK) synth $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) --quiet
+else
+	$(CDK) synth $(CDK_FLAGS) --output $(OUTDIR) --quiet
+endif
+	$(PY) -m cli.preview $(CONFIG) --assembly $(OUTDIR) $(if $(TEMPLATE),--template $(TEMPLATE)) $(if $(ALLOW_REPLACEMENT),--allow-replacement)
 
 destroy: $(VENV)/.runtime node_modules/.installed
 	$(CDK) destroy $(CDK_FLAGS) --output $(OUTDIR) --force

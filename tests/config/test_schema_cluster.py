@@ -37,11 +37,11 @@ def test_kubernetes_version_eks_no_longer_creates(dev_data, version):
 
 
 def test_kubernetes_version_without_installed_layer(dev_data):
-    release = versions.KUBERNETES_RELEASES["1.35"]
+    release = versions.KUBERNETES_RELEASES["1.34"]
     assert release.end_of_extended_support > dt.date.today()
-    dev_data["cluster"]["kubernetes_version"] = "1.35"
+    dev_data["cluster"]["kubernetes_version"] = "1.34"
     message = problems_for(dev_data)
-    assert "needs the kubectl layer package aws-cdk.lambda-layer-kubectl-v35" in message
+    assert "needs the kubectl layer package aws-cdk.lambda-layer-kubectl-v34" in message
 
 
 def test_unknown_kubernetes_version(dev_data):

@@ -1,6 +1,5 @@
 """The synthesized templates the real consumers read: every shipped config, and the variants that
-add what the shipped ones lack (a gated model's token charts, the internal NLB and its controller,
-the CloudWatch backend)."""
+add what the shipped ones lack (see VARIANTS)."""
 
 from __future__ import annotations
 
@@ -15,12 +14,18 @@ from tests.conftest import SHIPPED_ENVIRONMENTS
 def _variants() -> dict[str, dict]:
     """The same variants, by the same names, as the policy checks (tests/stacks/test_template_policies.py)
     build: each is synthesized once for both."""
+    from tests.manifests.test_ray_service import streaming_data
     from tests.stacks.test_template_policies import _variants as policy_variants
 
-    return {name: data for name, data in policy_variants().items() if name in VARIANTS}
+    return {
+        **{name: data for name, data in policy_variants().items() if name in VARIANTS},
+        "streaming": streaming_data(),
+    }
 
 
-VARIANTS = ("gated", "internal-nlb", "cloudwatch")
+# The token's charts and SecretProviderClass; the load balancer controller and the NLB Service; the
+# CloudWatch add-on; the mirror's service account; the streamer's init containers.
+VARIANTS = ("gated", "internal-nlb", "cloudwatch", "mirror-dev", "streaming")
 TEMPLATES = [*SHIPPED_ENVIRONMENTS, *VARIANTS]
 
 

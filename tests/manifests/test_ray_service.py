@@ -303,10 +303,8 @@ def test_outputs_port_forward_and_base_url(synthesized):
     assert outputs["OpenAiBaseUrl"]["Value"].startswith("http://127.0.0.1:8000/v1")
 
 
-def test_streaming_workers_install_the_model_streamer_the_image_lacks(tmp_path):
-    from config.versions import MODEL_STREAMER_PACKAGES
-    from manifests.ray_service import MODEL_STREAMER_DIR
-
+def streaming_data() -> dict:
+    """dev with its weights streamed from S3 by vLLM's Run:ai streamer."""
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
     data["serving"]["model"] = {
         "model_id": "qwen",
@@ -314,7 +312,14 @@ def test_streaming_workers_install_the_model_streamer_the_image_lacks(tmp_path):
         "source_region": "us-east-2",
         "hub_id": "Qwen/Qwen2.5-7B-Instruct",
     }
-    stack, _ = synth_variant(tmp_path, data, "streaming")
+    return data
+
+
+def test_streaming_workers_install_the_model_streamer_the_image_lacks(variant):
+    from config.versions import MODEL_STREAMER_PACKAGES
+    from manifests.ray_service import MODEL_STREAMER_DIR
+
+    stack, _, _ = variant("streaming", streaming_data())
     cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
     assert "initContainers" not in cluster["headGroupSpec"]["template"]["spec"]
     for group in cluster["workerGroupSpecs"]:

@@ -1,0 +1,152 @@
+"""`make preview`: what the next `make deploy` would do, in serving terms, before it does it.
+
+    python -m cli.preview CONFIG --assembly DIR [--template FILE] [--allow-replacement]
+
+The CDK CLI's own diff of the synthesized assembly (make preview synthesizes it first) against the
+template the environment runs now: read from CloudFormation (`cloudformation:GetTemplate`, with
+your credentials), or, offline, from --template. Then what the diff cannot say: what holds state
+and would be replaced, which phase loses its nodes, which RayService rollout happens, who gains or
+loses cluster admin, and the node groups' cost per hour before and after. Exits 3 when something
+that holds state would be replaced or removed, unless --allow-replacement (make deploy
+ALLOW_REPLACEMENT=1) says that is intended.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cli.args import ArgumentParser
+from config.loader import load_config_or_exit
+from preview import cdk_diff
+from preview.serving import summarize
+
+NEEDS_CONFIRMATION = 3
+
+
+class PreviewRefused(Exception):
+    """One line: the preview cannot compare these two templates."""
+
+
+class NoDeployYet(PreviewRefused):
+    pass
+
+
+def cluster_name_of(template: dict) -> str | None:
+    for resource in template.get("Resources", {}).values():
+        if resource.get("Type") == "AWS::EKS::Cluster":
+            name = resource.get("Properties", {}).get("Name")
+            return name if isinstance(name, str) else None
+    return None
+
+
+def check_same_environment(old: dict, new: dict, *, source: str, stack: str) -> None:
+    old_name, new_name = cluster_name_of(old), cluster_name_of(new)
+    if old_name is None:
+        raise PreviewRefused(f"{source} is not a template of this project's stack (it has no EKS cluster)")
+    if old_name != new_name:
+        raise PreviewRefused(
+            f"{source} is the template of cluster {old_name}, not {new_name} ({stack}): pass the template of "
+            "this environment, or pick its config with ENV=/CONFIG="
+        )
+
+
+def template_from_cloudformation(stack: str, region: str, client: Any = None) -> dict:
+    """The template the stack runs now, as CloudFormation holds it."""
+    if client is None:
+        import boto3
+
+        client = boto3.client("cloudformation", region_name=region)
+    from botocore.exceptions import ClientError
+
+    try:
+        body = client.get_template(StackName=stack, TemplateStage="Original")["TemplateBody"]
+    except ClientError as error:
+        message = error.response.get("Error", {}).get("Message", "")
+        if "does not exist" in message:
+            raise NoDeployYet(
+                f"no deploy of {stack} yet in {region}: there is nothing to compare with; `make deploy` creates it"
+            ) from None
+        raise PreviewRefused(f"cannot read the template of {stack} in {region}: {message}") from None
+    return body if isinstance(body, dict) else json.loads(body)
+
+
+def stack_template(assembly: Path, stack: str) -> dict:
+    path = assembly / f"{stack}.template.json"
+    if not path.is_file():
+        raise PreviewRefused(f"{assembly} holds no synthesized {stack}: run `make synth` (make preview does) first")
+    return json.loads(path.read_text())
+
+
+def preview(config, *, assembly: Path, old: dict, source: str) -> tuple[str, Any]:
+    """(the CDK CLI's diff, the serving summary) of the assembly against the ``old`` template."""
+    new = stack_template(assembly, config.stack_name)
+    check_same_environment(old, new, source=source, stack=config.stack_name)
+    with tempfile.TemporaryDirectory(prefix="preview-") as work:
+        old_file = Path(work) / "deployed.template.json"
+        old_file.write_text(json.dumps(old))
+        diff = cdk_diff.run(assembly, old_file, stack=config.stack_name)
+    return diff, summarize(old, new, cdk_diff.parse(diff), config=config)
+
+
+def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
+    parser = ArgumentParser(prog="python -m cli.preview", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
+    parser.add_argument("--assembly", type=Path, required=True, help="the synthesized cloud assembly (cdk.out)")
+    parser.add_argument(
+        "--template", type=Path, help="the template the environment runs now, from a file (offline); default: read it"
+    )
+    parser.add_argument(
+        "--allow-replacement", action="store_true", help="exit 0 even when something that holds state is replaced"
+    )
+    parser.add_argument("--summary-only", action="store_true", help="print the serving summary without the CDK diff")
+    parser.add_argument(
+        "--new-stack-ok",
+        action="store_true",
+        help="a stack not deployed yet is a first deploy, not an error (make deploy)",
+    )
+    args = parser.parse_args(argv)
+    config = load_config_or_exit(args.config)
+    try:
+        if args.template is not None:
+            if not args.template.is_file():
+                raise PreviewRefused(f"--template {args.template}: no such file")
+            try:
+                old = json.loads(args.template.read_text())
+            except json.JSONDecodeError as error:
+                raise PreviewRefused(f"--template {args.template} is not a JSON template: {error}") from None
+            source = str(args.template)
+        else:
+            old = template_from_cloudformation(config.stack_name, config.aws.region, cloudformation)
+            source = f"the deployed {config.stack_name}"
+        diff, summary = preview(config, assembly=args.assembly, old=old, source=source)
+    except NoDeployYet as first:
+        if args.new_stack_ok:
+            print(f"First deploy of {config.stack_name}: every resource is created.")
+            return 0
+        print(f"preview: {first}", file=sys.stderr)
+        return 2
+    except (PreviewRefused, cdk_diff.DiffError) as refused:
+        print(f"preview: {refused}", file=sys.stderr)
+        return 2
+    if not args.summary_only:
+        print(diff.rstrip())
+        print()
+    print(f"What `make deploy` would do to {config.stack_name}:")
+    for line in summary.lines():
+        print(f"  {line}")
+    if summary.needs_confirmation and not args.allow_replacement:
+        print(
+            "\nThis deploy replaces or removes something that holds state (above). If that is intended, deploy "
+            "with ALLOW_REPLACEMENT=1.",
+            file=sys.stderr,
+        )
+        return NEEDS_CONFIRMATION
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

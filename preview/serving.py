@@ -1,0 +1,348 @@
+"""The CDK CLI's diff read in the terms a platform engineer thinks in: what holds state and is
+replaced, which phase loses its nodes, which rollout the RayService gets, who gains or loses
+cluster admin, and what an hour costs before and after."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from config import catalog
+from kuberay.oracle import cluster_spec_hash
+from manifests.contract import PHASE_LABEL
+from preview.cdk_diff import ResourceChange
+
+# What is lost when CloudFormation replaces (creates anew, then deletes) or removes each.
+STATEFUL = {
+    "AWS::EKS::Cluster": "every node, pod and Kubernetes object, and the API endpoint: serving stops until a new "
+    "cluster is built and serves",
+    "AWS::EKS::Nodegroup": "the group's nodes: their pods restart elsewhere, GPU workers load the model again",
+    "AWS::S3::Bucket": "the objects in it (the mirrored weights; make mirror-model copies them again)",
+    "AWS::KMS::Key": "the key, once its deletion window ends: what it encrypted can no longer be read",
+    "AWS::Logs::LogGroup": "the log events in it",
+    "AWS::APS::Workspace": "the metrics stored in the Prometheus workspace",
+}
+# A node group property whose change makes EKS roll the group's nodes (drain and replace, one at a time).
+ROLLING_PROPERTIES = {"LaunchTemplate", "ReleaseVersion", "Version", "AmiType"}
+RAY_SERVICE = "RayService"
+RAY_SERVICE_PATH = "manifest-RayService/Resource"
+
+
+@dataclass
+class Preview:
+    stateful: list[str] = field(default_factory=list)  # loud: what is replaced or removed, and what is lost
+    nodes: list[str] = field(default_factory=list)
+    ray_service: list[str] = field(default_factory=list)
+    access: list[str] = field(default_factory=list)
+    charts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cost: str = ""
+    other: int = 0
+
+    @property
+    def needs_confirmation(self) -> bool:
+        """Something that holds state would be replaced or removed."""
+        return bool(self.stateful)
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for title, items in (
+            ("Replaced or removed, with what is lost", self.stateful),
+            ("GPU and system nodes", self.nodes),
+            ("RayService", self.ray_service),
+            ("Cluster admin access", self.access),
+            ("Helm charts", self.charts),
+            ("Warnings", self.warnings),
+        ):
+            if items:
+                out.append(f"{title}:")
+                out += [f"  - {item}" for item in items]
+        if self.cost:
+            out.append(f"Cost per hour: {self.cost}")
+        if self.other:
+            out.append(f"{self.other} other resource(s) change; the CDK diff lists them.")
+        if not out:
+            out.append("No change.")
+        return out
+
+
+def _resources(template: dict, kind: str) -> dict[str, dict]:
+    return {k: r for k, r in template.get("Resources", {}).items() if r.get("Type") == kind}
+
+
+def _group_name(resource: dict) -> str:
+    labels = resource.get("Properties", {}).get("Labels") or {}
+    return labels.get(PHASE_LABEL) or labels.get("role") or "a node group"
+
+
+def _ref(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if "Ref" in value:
+            return value["Ref"]
+        if "Fn::GetAtt" in value:
+            return value["Fn::GetAtt"][0]
+    return None
+
+
+def _principal(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    ref = _ref(value)
+    return f"the role {ref} of this stack" if ref else json.dumps(value)
+
+
+def _manifest_objects(resource: dict) -> list[dict]:
+    manifest = resource.get("Properties", {}).get("Manifest")
+    if isinstance(manifest, str):
+        return json.loads(manifest)
+    if isinstance(manifest, dict) and "Fn::Join" in manifest:
+        separator, parts = manifest["Fn::Join"]
+        return json.loads(separator.join(p if isinstance(p, str) else "TOKEN" for p in parts))
+    return []
+
+
+def ray_service_of(template: dict) -> dict | None:
+    for resource in _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values():
+        for item in _manifest_objects(resource):
+            if item.get("kind") == RAY_SERVICE:
+                return item
+    return None
+
+
+def _price(instance_types: list[str]) -> float | None:
+    facts = [catalog.INSTANCES.get(t) for t in instance_types]
+    return facts[0].price_per_hour if facts and facts[0] else None
+
+
+def _group_cost(template: dict) -> float:
+    total = 0.0
+    for group in _resources(template, "AWS::EKS::Nodegroup").values():
+        props = group.get("Properties", {})
+        scaling = props.get("ScalingConfig") or {}
+        size = scaling.get("DesiredSize", scaling.get("MinSize", 0))
+        total += (_price(props.get("InstanceTypes") or []) or 0.0) * size
+    return total
+
+
+def _gpu_instance(template: dict, phase: str) -> tuple[str, float]:
+    for group in _resources(template, "AWS::EKS::Nodegroup").values():
+        if _group_name(group) == phase:
+            types = group["Properties"].get("InstanceTypes") or ["?"]
+            return types[0], _price(types) or 0.0
+    return "?", 0.0
+
+
+def _roll_effect(name: str) -> str:
+    if name == "system":
+        return (
+            "each is drained and replaced; the KubeRay operator, the Ray head and the add-ons move, and a moved "
+            "head restarts the Ray cluster's workers with it"
+        )
+    return f"each is drained and replaced; with one node, {name} is offline while its replica moves and loads the model"
+
+
+def _control_plane_lines(old: dict, new: dict, preview: Preview) -> None:
+    def version(template: dict) -> str | None:
+        for cluster in _resources(template, "AWS::EKS::Cluster").values():
+            return cluster.get("Properties", {}).get("Version")
+        return None
+
+    before, after = version(old), version(new)
+    if before and after and before != after:
+        preview.nodes.insert(
+            0,
+            f"control plane: Kubernetes {before} -> {after}, upgraded in place by EKS (the API stays up); "
+            "then the node groups below",
+        )
+
+
+def _node_lines(old: dict, new: dict, changes: dict[str, ResourceChange], preview: Preview) -> None:
+    old_groups, new_groups = _resources(old, "AWS::EKS::Nodegroup"), _resources(new, "AWS::EKS::Nodegroup")
+    changed_templates = {c.logical_id for c in changes.values() if c.type == "AWS::EC2::LaunchTemplate" and c.op == "~"}
+    for logical_id in sorted(set(old_groups) | set(new_groups)):
+        group = new_groups.get(logical_id) or old_groups[logical_id]
+        name = _group_name(group)
+        change = changes.get(logical_id)
+        template_id = _ref((group.get("Properties", {}).get("LaunchTemplate") or {}).get("Id"))
+        if change is None and template_id not in changed_templates:
+            continue
+        if change and change.op == "+":
+            preview.nodes.append(f"{name}: a new node group")
+            continue
+        if change and change.op == "-":
+            preview.nodes.append(f"{name}: the node group is deleted; its nodes are drained and terminated")
+            continue
+        if change and (change.replaced or change.may_be_replaced):
+            why = ", ".join(p for p, impact in change.properties.items() if "replace" in impact) or "its properties"
+            verb = "replaced" if change.replaced else "may be replaced"
+            preview.nodes.append(
+                f"{name}: nodes {verb} ({why}): a new group is created, then the old one's nodes are drained and "
+                f"terminated; {name}'s replicas restart on the new nodes and load the model again"
+            )
+            continue
+        rolling = sorted(set(change.properties if change else {}) & ROLLING_PROPERTIES)
+        if template_id in changed_templates:
+            rolling = [*rolling, "its launch template"]
+        if rolling:
+            preview.nodes.append(f"{name}: nodes rolled one at a time ({', '.join(rolling)}): {_roll_effect(name)}")
+        old_scaling = old_groups.get(logical_id, {}).get("Properties", {}).get("ScalingConfig") or {}
+        new_scaling = new_groups.get(logical_id, {}).get("Properties", {}).get("ScalingConfig") or {}
+        bounds = [
+            f"{key.removesuffix('Size').lower()} {old_scaling.get(key)} -> {new_scaling.get(key)}"
+            for key in ("MinSize", "MaxSize")
+            if old_scaling.get(key) != new_scaling.get(key)
+        ]
+        if bounds:
+            preview.nodes.append(f"{name}: scaling bounds {', '.join(bounds)}; no node is replaced")
+        if old_scaling.get("DesiredSize") != new_scaling.get("DesiredSize"):
+            preview.warnings.append(
+                f"{name}: DesiredSize {old_scaling.get('DesiredSize')} -> {new_scaling.get('DesiredSize')}: EKS resizes "
+                "the group to it at once, terminating nodes Cluster Autoscaler added above it while they serve"
+            )
+        if not (rolling or bounds) and change:
+            props = ", ".join(change.properties) or "metadata"
+            preview.nodes.append(f"{name}: updated in place ({props}); no node is replaced")
+
+
+def _ray_service_lines(old: dict, new: dict, preview: Preview, config: Any) -> None:
+    before, after = ray_service_of(old), ray_service_of(new)
+    if before == after:
+        return
+    if before is None:
+        preview.ray_service.append("created: the cluster starts, loads the model and serves")
+        return
+    if after is None:
+        preview.ray_service.append("deleted: serving stops")
+        return
+    old_spec, new_spec = before["spec"], after["spec"]
+    strategy = (new_spec.get("upgradeStrategy") or {}).get("type", "NewCluster")
+    if cluster_spec_hash(old_spec["rayClusterConfig"]) != cluster_spec_hash(new_spec["rayClusterConfig"]):
+        if strategy == "NewCluster":
+            preview.ray_service.append(_new_cluster_line(new, new_spec, config))
+        else:
+            preview.ray_service.append(
+                f"the cluster spec changes but upgradeStrategy is {strategy}: KubeRay does not roll it; the running "
+                "cluster keeps the old spec"
+            )
+    elif old_spec.get("serveConfigV2") != new_spec.get("serveConfigV2"):
+        preview.ray_service.append(
+            "in place: Serve redeploys the app on the running cluster; each phase's replicas are replaced and load "
+            "the model, so a phase with one replica is offline for a model load"
+        )
+    else:
+        changed = sorted(
+            key
+            for key in set(old_spec) | set(new_spec)
+            if key not in ("rayClusterConfig", "serveConfigV2") and old_spec.get(key) != new_spec.get(key)
+        )
+        if old_spec["rayClusterConfig"] != new_spec["rayClusterConfig"]:
+            changed.append("worker replica bounds")
+        if before.get("metadata") != after.get("metadata"):
+            changed.append("metadata")
+        preview.ray_service.append(f"{', '.join(changed) or 'nothing KubeRay reads'}: no rollout, no model load")
+
+
+def _new_cluster_line(new: dict, spec: dict, config: Any) -> str:
+    extra, cost = [], 0.0
+    for group in spec["rayClusterConfig"].get("workerGroupSpecs") or []:
+        phase = group.get("groupName", "").removesuffix("-gpu")
+        count = int(group.get("replicas", group.get("minReplicas", 0)) or 0)
+        instance, price = _gpu_instance(new, phase)
+        extra.append(f"{count} {phase} ({instance})")
+        cost += count * price
+    minutes = ""
+    if config is not None:
+        try:
+            from planner.from_config import plan_config
+
+            scaling = plan_config(config).scaling
+            times = [t[0].total for t in getattr(scaling, "replica_times", {}).values() if t]
+            if times:
+                minutes = f" for about {max(times) / 60:.0f} minutes (the planner's time to a serving replica)"
+        except Exception as error:  # the plan is a courtesy here; the diff stands without it
+            minutes = f" (no planner estimate: {error})"
+    return (
+        f"new cluster: KubeRay builds a second RayCluster with {', '.join(extra)} GPU worker(s), as many extra "
+        f"GPU nodes{minutes}, about ${cost:.2f}/h more while both run, then switches the Service and deletes the "
+        f"old cluster after rayClusterDeletionDelaySeconds ({spec.get('rayClusterDeletionDelaySeconds', 60)} s)"
+    )
+
+
+def _access_lines(old: dict, new: dict, changes: dict[str, ResourceChange], preview: Preview) -> None:
+    old_entries = {
+        k: _principal(r["Properties"]["PrincipalArn"]) for k, r in _resources(old, "AWS::EKS::AccessEntry").items()
+    }
+    new_entries = {
+        k: _principal(r["Properties"]["PrincipalArn"]) for k, r in _resources(new, "AWS::EKS::AccessEntry").items()
+    }
+    for principal in sorted(set(new_entries.values()) - set(old_entries.values())):
+        preview.access.append(f"gains cluster admin: {principal}")
+    for principal in sorted(set(old_entries.values()) - set(new_entries.values())):
+        preview.access.append(f"loses cluster admin: {principal}")
+    # CloudFormation creates an entry before it deletes the one it replaces or drops, and EKS refuses
+    # a second entry for a principal ("can't be included in more than one access entry").
+    for logical_id, principal in new_entries.items():
+        change = changes.get(logical_id)
+        created = change is not None and (change.op == "+" or change.replaced)
+        held_elsewhere = [k for k, p in old_entries.items() if p == principal and k != logical_id]
+        if created and held_elsewhere:
+            preview.warnings.append(
+                f"the access entry for {principal} moves from {held_elsewhere[0]} to {logical_id}: CloudFormation "
+                "creates the new entry before it deletes the old one, EKS refuses a second entry for the same "
+                "principal, and the update rolls back"
+            )
+
+
+def _chart_lines(old: dict, new: dict, preview: Preview) -> None:
+    def versions(template: dict) -> dict[str, str]:
+        return {
+            r["Properties"]["Chart"]: r["Properties"].get("Version", "")
+            for r in _resources(template, "Custom::AWSCDK-EKS-HelmChart").values()
+        }
+
+    before, after = versions(old), versions(new)
+    for chart in sorted(set(before) | set(after)):
+        if chart not in before:
+            preview.charts.append(f"{chart} {after[chart]}: installed")
+        elif chart not in after:
+            preview.charts.append(f"{chart} {before[chart]}: uninstalled")
+        elif before[chart] != after[chart]:
+            note = "; run `make upgrade-crds` first (Helm never upgrades CRDs)" if chart == "kuberay-operator" else ""
+            preview.charts.append(f"{chart}: {before[chart]} -> {after[chart]} (helm upgrade){note}")
+
+
+def _where(change: ResourceChange) -> str:
+    return f" ({change.path})" if change.path else ""
+
+
+def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: Any = None) -> Preview:
+    preview = Preview()
+    by_id = {c.logical_id: c for c in changes}
+    old_resources = old.get("Resources", {})
+    for change in changes:
+        loss = STATEFUL.get(change.type)
+        if loss is None:
+            continue
+        if change.replaced or change.may_be_replaced:
+            verb = "REPLACED" if change.replaced else "MAY BE REPLACED"
+            preview.stateful.append(f"{verb}: {change.type} {change.logical_id}{_where(change)}: {loss}")
+        elif change.op == "-":
+            policy = old_resources.get(change.logical_id, {}).get("DeletionPolicy", "Delete")
+            if policy == "Retain":
+                preview.warnings.append(
+                    f"{change.type} {change.logical_id} leaves the stack but is kept (DeletionPolicy Retain)"
+                )
+            else:
+                preview.stateful.append(f"REMOVED: {change.type} {change.logical_id}{_where(change)}: {loss}")
+    _node_lines(old, new, by_id, preview)
+    _control_plane_lines(old, new, preview)
+    _ray_service_lines(old, new, preview, config)
+    _access_lines(old, new, by_id, preview)
+    _chart_lines(old, new, preview)
+    explained = {"AWS::EKS::Nodegroup", "AWS::EKS::AccessEntry", "Custom::AWSCDK-EKS-HelmChart", *STATEFUL}
+    preview.other = sum(1 for c in changes if c.type not in explained and not c.path.endswith(RAY_SERVICE_PATH))
+    before, after = _group_cost(old), _group_cost(new)
+    if round(before, 4) != round(after, 4):
+        preview.cost = f"node groups ${before:.2f} -> ${after:.2f} (at their desired sizes, on-demand)"
+    return preview
