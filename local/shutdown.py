@@ -4,6 +4,10 @@
   and Ray shut down cleanly while that fits, then whatever of the run is still there is stopped;
   within SHUTDOWN_SECONDS in all (the promise is 30 s, start-up included).
 - A second one stops every process of the run at once (:func:`stop_now`).
+- Python runs a signal handler only when the main thread runs Python code, and Ray's start-up can
+  hold it in C++ for longer than the promise (a loaded machine, a raylet slow to register). So the
+  first signal also starts a deadline in a thread of its own, woken through ``signal.set_wakeup_fd``
+  at once whatever the main thread is doing: DEADLINE_SECONDS later, the run is stopped at once.
 - The process that started the server going away (a closed terminal, a killed make, a CI runner's
   SIGKILL) stops every process of the run at once as well (:func:`parent_gone`, called by
   ``lifecycle.watch_parent``): nobody is left to wait for a clean shutdown.
@@ -19,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from local import lifecycle
 from local.paths import RUN_RECORD, STATUS_FILE, read_json
@@ -28,6 +33,9 @@ SHUTDOWN_SECONDS = 25
 STOP_SECONDS = 8
 # Stopping at once: SIGKILL after this long (a second signal), or a little longer (parent gone).
 PARENT_GONE_GRACE = 2.0
+# From the first SIGINT/SIGTERM to stopping at once, if the orderly shutdown has not exited by then;
+# with STOP_SECONDS to stop what is left, inside the 30 s promise.
+DEADLINE_SECONDS = 20
 
 _signals_seen = 0
 _exiting = threading.Lock()
@@ -41,9 +49,32 @@ def say(line: str, *, error: bool = False) -> None:
         pass
 
 
+_deadline_started = False
+
+
 def install_signal_handlers() -> None:
+    global _deadline_started
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
+    if not _deadline_started:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        threading.Thread(target=_deadline_after_signal, args=(read_end,), name="shutdown-deadline", daemon=True).start()
+        _deadline_started = True
+
+
+def _deadline_after_signal(read_end: int) -> None:
+    """Waits for the first SIGINT or SIGTERM (written to the wakeup fd by the C-level handler, even
+    while the main thread is blocked), then gives the orderly shutdown DEADLINE_SECONDS."""
+    while True:
+        received = os.read(read_end, 64)
+        if not received:
+            return
+        if any(signum in (signal.SIGINT, signal.SIGTERM) for signum in received):
+            break
+    time.sleep(DEADLINE_SECONDS)
+    stop_now(reason=f"the shutdown did not finish within {DEADLINE_SECONDS} s; stopping the run's processes at once")
 
 
 def _on_signal(signum, _frame):

@@ -192,3 +192,48 @@ def test_the_watcher_outlives_its_parents_thread_but_not_its_parent():
         parent.wait(10)
         if "child" in locals():
             kill(child)
+
+
+# A server whose main thread is held in C code when Ctrl-C comes (as Ray's start-up can hold it):
+# Python would run the signal handler only once that code returns, here after minutes, and the
+# unwinding it starts never reaches the shutdown.
+STUCK_IN_C = """
+import hashlib, sys
+from pathlib import Path
+from local import shutdown
+shutdown.DEADLINE_SECONDS = float(sys.argv[1])
+shutdown.STATUS_FILE = Path(sys.argv[2]) / "status.json"
+shutdown.RUN_RECORD = Path(sys.argv[2]) / "run.json"
+shutdown.install_signal_handlers()
+print("stuck", flush=True)
+while True:
+    try:
+        hashlib.pbkdf2_hmac("sha256", b"held", b"in C", 2**31 - 1)
+    except KeyboardInterrupt:
+        continue  # a signal that came before the C call began: back into C, as a held thread would be
+"""
+
+
+def test_ctrl_c_stops_the_run_by_its_deadline_even_while_the_main_thread_is_held_in_c(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-c", STUCK_IN_C, "2", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "stuck"
+        sent = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(30)
+        stopped_after = time.monotonic() - sent
+        output = process.stdout.read()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+    assert code == 130, output
+    assert "did not finish within 2" in output
+    assert 2 <= stopped_after < 30
