@@ -205,9 +205,12 @@ shutdown.DEADLINE_SECONDS = float(sys.argv[1])
 shutdown.STATUS_FILE = Path(sys.argv[2]) / "status.json"
 shutdown.RUN_RECORD = Path(sys.argv[2]) / "run.json"
 shutdown.install_signal_handlers()
-print("stuck", flush=True)
+told = False
 while True:
     try:
+        if not told:
+            told = True
+            print("stuck", flush=True)
         hashlib.pbkdf2_hmac("sha256", b"held", b"in C", 2**31 - 1)
     except KeyboardInterrupt:
         continue  # a signal that came before the C call began: back into C, as a held thread would be
