@@ -186,8 +186,18 @@ def unread_values(
 
 
 def rendered_objects(text: str) -> list[dict[str, Any]]:
-    """The objects in Helm's output (libyaml's parser: KubeRay's CRDs alone are megabytes of YAML)."""
+    """The objects in Helm's output as the API server receives them (libyaml's parser: KubeRay's CRDs
+    alone are megabytes of YAML). A ``v1`` ``List`` is no kind of the API: Helm's client flattens it
+    into its items (the load balancer controller's chart renders its IngressClass objects so)."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return [item for item in yaml.load_all(text, Loader=loader) if item]
+    found: list[dict[str, Any]] = []
+    for item in yaml.load_all(text, Loader=loader):
+        if not item:
+            continue
+        if item.get("kind") == "List" and item.get("apiVersion") == "v1":
+            found += [child for child in item.get("items") or [] if child]
+        else:
+            found.append(item)
+    return found

@@ -116,3 +116,23 @@ def test_the_schemas_loaded_once_give_kubernetes_validates_own_answers(objects):
             expected_valid = False
         assert (k8s.object_errors(item, version, crds) == []) == expected_valid, k8s.describe(item)
     assert not expected_valid
+
+
+def test_a_list_in_helms_output_is_checked_as_its_items():
+    """kind: List is no kind of the API (Helm's client flattens it); its items are what is applied."""
+    text = """
+apiVersion: v1
+kind: List
+items:
+- apiVersion: networking.k8s.io/v1
+  kind: IngressClass
+  metadata: {name: alb}
+  spec: {controller: ingress.k8s.aws/alb}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c}
+"""
+    objects = charts.rendered_objects(text)
+    assert [o["kind"] for o in objects] == ["IngressClass", "ConfigMap"]
+    assert all(k8s.object_errors(o, "1.36", {}) == [] for o in objects)
