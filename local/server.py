@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -235,12 +234,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    # Every process of the run is gone by now (shutdown.shutdown). Ray's atexit hook would only try
-    # to reach them, and can wait on a clean shutdown still under way in the graceful thread.
-    os._exit(code)
+    shutdown.exit_now(main())  # every process of the run is gone by now (shutdown.shutdown)

@@ -104,6 +104,13 @@ def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> 
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
     forget_run()
+    exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    """Flushes what can still be printed and exits without Python's exit handlers: Ray's atexit hook
+    would only try to reach processes that are gone, and can wait on a clean shutdown still under
+    way in the graceful thread."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import catalog
+from consumers.template import manifests
 from kuberay.oracle import cluster_spec_hash
 from manifests.contract import PHASE_LABEL
 from preview.cdk_diff import ResourceChange
@@ -92,21 +93,10 @@ def _principal(value: Any) -> str:
     return f"the role {ref} of this stack" if ref else json.dumps(value)
 
 
-def _manifest_objects(resource: dict) -> list[dict]:
-    manifest = resource.get("Properties", {}).get("Manifest")
-    if isinstance(manifest, str):
-        return json.loads(manifest)
-    if isinstance(manifest, dict) and "Fn::Join" in manifest:
-        separator, parts = manifest["Fn::Join"]
-        return json.loads(separator.join(p if isinstance(p, str) else "TOKEN" for p in parts))
-    return []
-
-
 def ray_service_of(template: dict) -> dict | None:
-    for resource in _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values():
-        for item in _manifest_objects(resource):
-            if item.get("kind") == RAY_SERVICE:
-                return item
+    for _, item in manifests(template):
+        if item.get("kind") == RAY_SERVICE:
+            return item
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,24 @@ def variant(tmp_path_factory):
         return cache[name][1]
 
     return get
+
+
+@contextmanager
+def loopback_http_server(handler):
+    """Serves ``handler`` (an http.server request handler class) on 127.0.0.1 at a free port for the
+    block; yields its base URL (no trailing slash) and stops it, its thread joined, after."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def network_and_cluster(stack, config):

@@ -7,12 +7,10 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from cdk_constructs import addons
-from cdk_constructs.cluster import EksCluster
 from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.loader import load_config, parse_config
-from config.schema import DeployFacts
 from tests.conftest import network_and_cluster
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
@@ -176,19 +174,7 @@ def test_admin_principals_get_access_entries(config):
     data["cluster"]["admin_principals"] = ["arn:aws:iam::111111111111:role/Admin"]
     admin_config = parse_config(data)
     stack = bare_stack(admin_config)
-    network = Network(
-        stack, "Network", config=admin_config.network, logs=EncryptedLogs(stack, "Logs", description="unit")
-    )
-    EksCluster(
-        stack,
-        "Eks",
-        config=admin_config.cluster,
-        cluster_name="unit",
-        vpc=network.vpc,
-        subnets=network.private_subnets,
-        deployer=DeployFacts(),
-        logs=stack.node.find_child("Logs"),
-    )
+    network_and_cluster(stack, admin_config)
     import json
 
     entries = Template.from_stack(stack).find_resources(

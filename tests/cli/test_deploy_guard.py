@@ -8,9 +8,8 @@ standing in for checkip.amazonaws.com. Nothing here reaches AWS or the internet.
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import boto3
 import pytest
@@ -19,7 +18,7 @@ from botocore.stub import Stubber
 
 from cli import deploy_guard
 from config.loader import parse_config
-from tests.conftest import CONFIG_DIR, ROOT
+from tests.conftest import CONFIG_DIR, ROOT, loopback_http_server
 
 RECORDINGS = ROOT / "tests" / "fixtures" / "aws"
 ACCOUNT = "111122223333"
@@ -54,15 +53,8 @@ def checkip_server(answer: str):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with loopback_http_server(Handler) as url:
+        yield f"{url}/"
 
 
 @contextmanager

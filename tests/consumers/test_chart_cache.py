@@ -8,14 +8,13 @@ import http.server
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from cli import charts as make_charts
 from config.versions import HelmChartPin
 from consumers import binaries, charts
-from tests.conftest import ROOT
+from tests.conftest import ROOT, loopback_http_server
 
 
 @pytest.fixture
@@ -25,16 +24,8 @@ def loopback_repository(tmp_path):
     served.mkdir()
     shutil.copy(charts.chart_archive("kuberay-operator", "1.7.0"), served)
     subprocess.run([str(binaries.helm()), "repo", "index", str(served)], check=True, timeout=60)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with loopback_http_server(functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))) as url:
+        yield url
 
 
 def test_make_charts_pulls_a_missing_chart_with_helm(loopback_repository, tmp_path, monkeypatch):
