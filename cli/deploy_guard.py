@@ -5,8 +5,12 @@
 First the config alone (no AWS call): a placeholder account or principal, a documentation range
 as the API endpoint's only door, nobody who could use kubectl. Then, with your credentials: the
 account you are signed in to, your IAM role ARN with its path (an access entry needs the role, not
-STS's assumed-role ARN), your public address if the config lets the deployer in, and the EC2
-on-demand vCPU quota of the GPU instance family against the GPU node groups at their maximum.
+STS's assumed-role ARN), your public address if the config lets the deployer in, the EC2
+on-demand vCPU quota of the GPU instance family against the GPU node groups at their maximum,
+whether the GPU zone offers the GPU instance types at all, that each admin principal exists, and
+that a gated model's token secret exists, is not being deleted, and which KMS key it needs. Last,
+the stack as it is: not deployed, whether a destroy left the model mirror bucket behind (imported
+with its objects) or the control-plane log group (a stop); deployed, each node group's size now.
 FILE then holds what app.py needs (``-c deploy_facts=FILE``). Exit 2 on any refusal, one line each.
 """
 
@@ -20,15 +24,39 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from cli.args import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
+from manifests.observability import (
+    CONTAINER_INSIGHTS_LOG_GROUPS,
+    container_insights_log_group,
+    control_plane_log_group,
+    fixed_log_groups,
+)
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
 # RFC 5737: addresses for documentation; no real client comes from them.
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 FIND_YOUR_ADDRESS = "`curl -s https://checkip.amazonaws.com` prints your public address; add /32"
+# The stack's outputs that name its node groups (stacks/pd_serving_stack.py), by deploy-facts name.
+NODE_GROUP_OUTPUTS = {"system": "SystemNodeGroup", "prefill": "PrefillNodeGroup", "decode": "DecodeNodeGroup"}
+# Secrets Manager's own key: DescribeSecret leaves KmsKeyId out for it, or names this alias.
+AWS_MANAGED_SECRETS_KEY = "alias/aws/secretsmanager"
+# A stack in these states holds no resources, and the CDK CLI creates it anew: it deletes one whose
+# creation rolled back first, and takes one with only a change set in review as not deployed.
+NOT_DEPLOYED_STATES = {"ROLLBACK_COMPLETE", "REVIEW_IN_PROGRESS"}
+# KMS key states in which Secrets Manager cannot decrypt the secret, and how to get out of each.
+UNUSABLE_KEY_STATES = {
+    "Disabled": "enable it with `aws kms enable-key --key-id {key} --region {region}`",
+    "PendingDeletion": "cancel the deletion with `aws kms cancel-key-deletion --key-id {key} --region {region}`, "
+    "then `aws kms enable-key`",
+    "PendingReplicaDeletion": "cancel the deletion with `aws kms cancel-key-deletion --key-id {key} --region {region}`",
+    "PendingImport": "import its key material, or store the token under another key",
+    "Unavailable": "reconnect its custom key store, or store the token under another key",
+}
 
 
 class Refusal(Exception):
@@ -40,6 +68,13 @@ class Verdict:
     facts: DeployFacts = field(default_factory=DeployFacts)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # What a destroy kept that this deploy takes back into the stack (cdk deploy --import-existing-resources).
+    to_import: list[str] = field(default_factory=list)
+
+
+def error_code(exc: Exception) -> str:
+    """The AWS error code of a failed call (its exception's name when AWS gave none)."""
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
 
 
 def offline_problems(config: AppConfig, source: str) -> list[str]:
@@ -87,7 +122,7 @@ def principal_arn(caller_arn: str, iam: Any) -> str:
         try:
             return iam.get_role(RoleName=role_name)["Role"]["Arn"]
         except Exception as exc:  # noqa: BLE001 - any failure means the path is unknown
-            code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+            code = error_code(exc)
             raise Refusal(
                 f"cannot read the path of your role {role_name} (iam:GetRole: {code}); add its ARN to "
                 f"cluster.admin_principals (arn:{partition}:iam::<account>:role/<path>/{role_name}; SSO roles "
@@ -140,7 +175,7 @@ def quota_findings(config: AppConfig, quotas: Any) -> tuple[list[str], list[str]
             except quotas.exceptions.NoSuchResourceException:
                 value = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
         except Exception as exc:  # noqa: BLE001 - an unreadable quota is a warning, not a stop
-            code_text = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+            code_text = error_code(exc)
             warnings.append(
                 f"could not read the quota {code} ({names[code]}): {code_text}; check it with `aws service-quotas "
                 f"get-service-quota --service-code ec2 --quota-code {code} --region {config.aws.region}`"
@@ -164,8 +199,318 @@ def quota_findings(config: AppConfig, quotas: Any) -> tuple[list[str], list[str]
     return errors, warnings
 
 
+def capacity_findings(config: AppConfig, source: str, ec2: Any) -> tuple[list[str], list[str]]:
+    """(errors, warnings): is each GPU instance type offered in the GPU zone, and if not, where.
+
+    One call for every zone of the region: AZ names map to different physical zones in each
+    account, so only this account's answer says which of its zones has the type.
+    """
+    groups = config.cluster.gpu_node_groups
+    phases: dict[str, list[str]] = {}
+    for phase in ("prefill", "decode"):
+        phases.setdefault(getattr(groups, phase).instance_type, []).append(phase)
+    zone, region = config.network.gpu_availability_zone, config.aws.region
+    offered: dict[str, set[str]] = {instance_type: set() for instance_type in phases}
+    request: dict[str, Any] = {
+        "LocationType": "availability-zone",
+        "Filters": [{"Name": "instance-type", "Values": sorted(phases)}],
+    }
+    try:
+        while True:
+            page = ec2.describe_instance_type_offerings(**request)
+            for offering in page.get("InstanceTypeOfferings", []):
+                offered.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+            if not page.get("NextToken"):
+                break
+            request["NextToken"] = page["NextToken"]
+    except ClientError as exc:
+        types = ",".join(sorted(phases))
+        return [], [
+            f"could not check that {zone} offers {types} (ec2:DescribeInstanceTypeOfferings: {error_code(exc)}); "
+            "check with `aws ec2 describe-instance-type-offerings --location-type availability-zone --filters "
+            f"Name=instance-type,Values={types} --region {region}`"
+        ]
+    errors = []
+    for instance_type, users in sorted(phases.items()):
+        if zone in offered[instance_type]:
+            continue
+        uses = f"cluster.gpu_node_groups.{' and '.join(users)} {'use' if len(users) > 1 else 'uses'} {instance_type}"
+        others = sorted(offered[instance_type])
+        fix = (
+            f"set network.gpu_availability_zone to one that does: {', '.join(others)} (and list it in "
+            "network.availability_zones)"
+            if others
+            else f"no zone of {region} offers it to this account: choose another instance_type or aws.region"
+        )
+        errors.append(
+            f"{source}: {uses}, which network.gpu_availability_zone {zone} does not offer "
+            f"(ec2:DescribeInstanceTypeOfferings; zone names differ per account), so no GPU node could start; {fix}"
+        )
+    return errors, []
+
+
+def admin_findings(config: AppConfig, source: str, iam: Any) -> tuple[list[str], list[str]]:
+    """(errors, warnings): does each ARN in cluster.admin_principals name a role or user that exists."""
+    errors, warnings = [], []
+    for arn in config.cluster.admin_principals:
+        account, resource = arn.split(":")[4], arn.split(":", 5)[5]
+        kind, _, path_and_name = resource.partition("/")
+        name = path_and_name.rsplit("/", 1)[-1]
+        operation, lookup = ("GetRole", "get-role") if kind == "role" else ("GetUser", "get-user")
+        if account != config.aws.account:
+            warnings.append(
+                f"{arn} in cluster.admin_principals is in account {account}, not aws.account {config.aws.account}: "
+                f"not checked (iam:{operation} sees this account only)"
+            )
+            continue
+        try:
+            if kind == "role":
+                actual = iam.get_role(RoleName=name)["Role"]["Arn"]
+            else:
+                actual = iam.get_user(UserName=name)["User"]["Arn"]
+        except ClientError as exc:
+            code = error_code(exc)
+            if code == "NoSuchEntity":
+                errors.append(
+                    f"{source}: cluster.admin_principals has {arn}, which does not exist (iam:{operation}: {code}); "
+                    f"EKS would refuse its access entry and roll the deploy back; correct it (`aws iam {lookup} "
+                    f"--{kind}-name {name} --query {kind.title()}.Arn` prints the ARN with its path) or remove it"
+                )
+            else:
+                warnings.append(
+                    f"could not check that {arn} in cluster.admin_principals exists (iam:{operation}: {code}); "
+                    "if it does not, EKS refuses its access entry and the deploy rolls back"
+                )
+            continue
+        if actual != arn:
+            errors.append(
+                f"{source}: cluster.admin_principals has {arn}, but the {kind} {name} is {actual}; use that ARN "
+                "(an access entry names the principal with its path)"
+            )
+    return errors, warnings
+
+
+def token_key(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> tuple[str | None, list[str]]:
+    """(the ARN of the customer-managed KMS key the gated model's token secret is encrypted with, or
+    None; warnings). Raises Refusal when the pods could not mount the token.
+
+    An imported secret's ``grant_read`` gives no ``kms:Decrypt``: with a customer-managed key the
+    pods' role needs it on that key, or the CSI mount fails.
+    """
+    secret = config.serving.model.hf_token_secret
+    if not secret:
+        return None, []
+    region = config.aws.region
+    named = f"{source}: serving.model.hf_token_secret {secret}"
+    try:
+        described = secretsmanager.describe_secret(SecretId=secret)
+    except ClientError as exc:
+        code = error_code(exc)
+        if code != "ResourceNotFoundException":
+            return None, [
+                f"could not check serving.model.hf_token_secret {secret} (secretsmanager:DescribeSecret: {code}); if "
+                "it is missing or encrypted with a customer-managed KMS key, the Ray pods stay in ContainerCreating "
+                "(FailedMount)"
+            ]
+        create = (
+            "correct the ARN"
+            if secret.startswith("arn:")
+            else f"create it with the token as its value (`aws secretsmanager create-secret --name {secret} "
+            f"--secret-string file://token.txt --region {region}`) or correct the name"
+        )
+        raise Refusal(
+            f"{named} does not exist in {region} (secretsmanager:DescribeSecret: {code}), so the Ray pods could not "
+            f"mount the token; {create}"
+        ) from None
+    if described.get("DeletedDate"):
+        raise Refusal(
+            f"{named} is scheduled for deletion ({str(described['DeletedDate'])[:10]}), so the Ray pods could not "
+            f"mount the token; restore it with `aws secretsmanager restore-secret --secret-id {secret} --region {region}`"
+        )
+    key_id = described.get("KmsKeyId")
+    if not key_id or key_id.split(":")[-1] == AWS_MANAGED_SECRETS_KEY:
+        return None, []
+    try:
+        key = kms.describe_key(KeyId=key_id)["KeyMetadata"]
+    except ClientError as exc:
+        return None, [
+            f"could not read the KMS key {key_id} that serving.model.hf_token_secret {secret} is encrypted with "
+            f"(kms:DescribeKey: {error_code(exc)}), so the Ray pods' role gets no kms:Decrypt on it and their token "
+            "mount may fail; allow kms:DescribeKey on the key to whoever deploys"
+        ]
+    if key.get("KeyManager") == "AWS":
+        return None, []
+    arn, state = key["Arn"], key.get("KeyState", "Enabled")
+    if state in UNUSABLE_KEY_STATES:
+        raise Refusal(
+            f"{named} is encrypted with the KMS key {arn}, which is {state} (kms:DescribeKey), so Secrets Manager "
+            f"could not decrypt the token for the Ray pods; {UNUSABLE_KEY_STATES[state].format(key=arn, region=region)}"
+        )
+    if key.get("AWSAccountId") not in (None, config.aws.account):
+        return arn, [
+            f"serving.model.hf_token_secret {secret} is encrypted with the KMS key {arn} of account "
+            f"{key['AWSAccountId']}: its key policy must also let the Ray pods' role decrypt with it"
+        ]
+    return arn, []
+
+
+def deployed_stack(config: AppConfig, cloudformation: Any) -> tuple[bool | None, dict[str, Any], list[str]]:
+    """(deployed, the stack's description, warnings); deployed is None when CloudFormation would not say."""
+    try:
+        stacks = cloudformation.describe_stacks(StackName=config.stack_name)["Stacks"]
+    except ClientError as exc:
+        message = getattr(exc, "response", {}).get("Error", {}).get("Message", "")
+        if error_code(exc) == "ValidationError" and "does not exist" in message:
+            return False, {}, []
+        return (
+            None,
+            {},
+            [
+                f"could not read the stack {config.stack_name} (cloudformation:DescribeStacks: {error_code(exc)}): "
+                "what a destroy left behind and the node groups' sizes are not checked"
+            ],
+        )
+    stack = stacks[0] if stacks else {}
+    return bool(stack) and stack.get("StackStatus") not in NOT_DEPLOYED_STATES, stack, []
+
+
+def left_behind_findings(
+    config: AppConfig, source: str, *, s3: Any, logs: Any
+) -> tuple[list[str], list[str], list[str]]:
+    """(errors, warnings, to import) for a stack not deployed: what a destroy left behind under a fixed name."""
+    errors, warnings, to_import = [], [], []
+    region = config.aws.region
+    if config.model_mirror.enabled:
+        bucket = config.mirror_bucket
+        try:
+            s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=config.aws.account)
+        except ClientError as exc:
+            status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = error_code(exc)
+            if code in ("403", "AccessDenied") or status == 403:
+                errors.append(
+                    f"{source}: model_mirror.bucket_name: the bucket {bucket} exists but is not this account's "
+                    f"(s3:HeadBucket: 403 with ExpectedBucketOwner {config.aws.account}); bucket names are global, so "
+                    "set model_mirror.bucket_name to a name of your own"
+                )
+            elif code not in ("404", "NoSuchBucket", "NotFound") and status != 404:
+                warnings.append(
+                    f"could not check whether the model mirror bucket {bucket} exists (s3:HeadBucket: {code}); if a "
+                    "destroy left it behind, the deploy fails on it"
+                )
+        else:
+            if config.mirror_kept_on_destroy:
+                to_import.append(
+                    f"the model mirror bucket {bucket} (kept by the last destroy): imported with its objects"
+                )
+            else:
+                errors.append(
+                    f"{source}: model_mirror.keep_on_destroy: the bucket {bucket} exists (an earlier destroy kept it) "
+                    "and this config would create it anew, which fails; set model_mirror.keep_on_destroy: true to "
+                    f"take it back with its objects, or delete it (`aws s3 rb s3://{bucket} --force --region {region}`)"
+                )
+    for name in fixed_log_groups(config.cluster_name, config.observability.backend):
+        try:
+            groups = logs.describe_log_groups(logGroupNamePrefix=name).get("logGroups", [])
+        except ClientError as exc:
+            warnings.append(
+                f"could not check whether the log group {name} exists (logs:DescribeLogGroups: {error_code(exc)})"
+            )
+            continue
+        if any(group.get("logGroupName") == name for group in groups):
+            what = (
+                "the control-plane log group"
+                if name == control_plane_log_group(config.cluster_name)
+                else "the log group"
+            )
+            errors.append(
+                f"{source}: {what} {name} exists but the stack {config.stack_name} does not, and the stack creates it "
+                f"under that name, so the deploy would fail; delete it with `aws logs delete-log-group --log-group-name "
+                f"{name} --region {region}` (its events are lost: export them first with `aws logs create-export-task` "
+                "to keep them)"
+            )
+    return errors, warnings, to_import
+
+
+def container_insights_findings(
+    config: AppConfig, source: str, *, deployed: bool, logs: Any, cloudformation: Any
+) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for a deployed stack with the `cloudwatch` backend: the stack creates the log
+    groups the add-on's agents write to, so one the agents made themselves, before the stack owned
+    them, fails the update with "already exists" (a stack not deployed: ``left_behind_findings``)."""
+    if config.observability.backend != "cloudwatch" or not deployed:
+        return [], []
+    cluster, region = config.cluster_name, config.aws.region
+    names = [container_insights_log_group(cluster, name) for name in CONTAINER_INSIGHTS_LOG_GROUPS]
+    try:
+        existing = {
+            group["logGroupName"]
+            for page in logs.get_paginator("describe_log_groups").paginate(
+                logGroupNamePrefix=container_insights_log_group(cluster, "")
+            )
+            for group in page.get("logGroups", [])
+        }
+        owned: set[str] = set()
+        if deployed and existing & set(names):
+            owned = {
+                resource.get("PhysicalResourceId", "")
+                for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=config.stack_name)
+                for resource in page.get("StackResourceSummaries", [])
+                if resource.get("ResourceType") == "AWS::Logs::LogGroup"
+            }
+    except ClientError as exc:
+        return [], [f"could not check the Container Insights log groups of {cluster} ({error_code(exc)})"]
+    foreign = [name for name in names if name in existing and name not in owned]
+    if not foreign:
+        return [], []
+    deletes = "; ".join(f"aws logs delete-log-group --log-group-name {name} --region {region}" for name in foreign)
+    return [
+        f"{source}: observability.backend cloudwatch: the log group(s) {', '.join(foreign)} exist outside the stack "
+        f"{config.stack_name} (the add-on's agents created them), and the stack creates them, encrypted and "
+        f"expiring, so the deploy would fail; delete them first (their events are lost): `{deletes}`"
+    ], []
+
+
+def node_group_sizes(config: AppConfig, stack: dict[str, Any], eks: Any) -> tuple[dict[str, int], list[str]]:
+    """({group: desired size now}, warnings) of the deployed stack's node groups."""
+    outputs = {o["OutputKey"]: o.get("OutputValue", "") for o in stack.get("Outputs", [])}
+    sizes: dict[str, int] = {}
+    warnings = []
+    for group, key in NODE_GROUP_OUTPUTS.items():
+        unknown = "the template then sets the config's desired_size, and EKS resizes the group to it at once"
+        if not outputs.get(key):
+            warnings.append(
+                f"the stack {config.stack_name} has no output {key}: the {group} node group's size is unknown; {unknown}"
+            )
+            continue
+        # The output holds the node group's Ref, which CloudFormation gives as "<cluster>/<nodegroup>".
+        name = outputs[key].rsplit("/", 1)[-1]
+        try:
+            nodegroup = eks.describe_nodegroup(clusterName=config.cluster_name, nodegroupName=name)["nodegroup"]
+            sizes[group] = nodegroup["scalingConfig"]["desiredSize"]
+        except (ClientError, KeyError) as exc:
+            warnings.append(
+                f"could not read the size of the {group} node group {name} (eks:DescribeNodegroup: {error_code(exc)}); "
+                f"{unknown}"
+            )
+    return sizes, warnings
+
+
 def check(
-    config: AppConfig, source: str, *, sts: Any, iam: Any, quotas: Any, checkip_url: str = CHECKIP_URL
+    config: AppConfig,
+    source: str,
+    *,
+    sts: Any,
+    iam: Any,
+    quotas: Any,
+    ec2: Any,
+    secretsmanager: Any,
+    kms: Any,
+    cloudformation: Any,
+    s3: Any,
+    logs: Any,
+    eks: Any,
+    checkip_url: str = CHECKIP_URL,
 ) -> Verdict:
     """Every check, offline ones first; AWS is asked only if the config itself is deployable."""
     verdict = Verdict(errors=offline_problems(config, source))
@@ -187,18 +532,87 @@ def check(
     except Refusal as exc:
         verdict.errors.append(f"{source}: {exc}")
         return verdict
-    verdict.facts = DeployFacts(deployer_principal=principal, deployer_cidr=cidr)
-    errors, warnings = quota_findings(config, quotas)
-    verdict.errors += errors
+    for errors, warnings in (
+        quota_findings(config, quotas),
+        capacity_findings(config, source, ec2),
+        admin_findings(config, source, iam),
+    ):
+        verdict.errors += errors
+        verdict.warnings += warnings
+    key_arn: str | None = None
+    try:
+        key_arn, warnings = token_key(config, source, secretsmanager, kms)
+        verdict.warnings += warnings
+    except Refusal as exc:
+        verdict.errors.append(str(exc))
+    deployed, stack, warnings = deployed_stack(config, cloudformation)
     verdict.warnings += warnings
+    sizes: dict[str, int] = {}
+    if deployed is False:
+        errors, warnings, verdict.to_import = left_behind_findings(config, source, s3=s3, logs=logs)
+        verdict.errors += errors
+        verdict.warnings += warnings
+    elif deployed:
+        sizes, warnings = node_group_sizes(config, stack, eks)
+        verdict.warnings += warnings
+    if deployed is not None:
+        errors, warnings = container_insights_findings(
+            config, source, deployed=deployed, logs=logs, cloudformation=cloudformation
+        )
+        verdict.errors += errors
+        verdict.warnings += warnings
+    verdict.facts = DeployFacts.model_validate(
+        {
+            "deployer_principal": principal,
+            "deployer_cidr": cidr,
+            "node_group_sizes": sizes,
+            "hf_token_kms_key_arn": key_arn,
+        }
+    )
     return verdict
 
 
+# check's keyword -> the boto3 service name of its client.
+SERVICES = {
+    "sts": "sts",
+    "iam": "iam",
+    "quotas": "service-quotas",
+    "ec2": "ec2",
+    "secretsmanager": "secretsmanager",
+    "kms": "kms",
+    "cloudformation": "cloudformation",
+    "s3": "s3",
+    "logs": "logs",
+    "eks": "eks",
+}
+
+
 def aws_clients(region: str) -> dict[str, Any]:
+    """Every client check needs, in the config's region."""
     import boto3
 
     session = boto3.Session(region_name=region)
-    return {"sts": session.client("sts"), "iam": session.client("iam"), "quotas": session.client("service-quotas")}
+    return {key: session.client(service) for key, service in SERVICES.items()}
+
+
+def report(verdict: Verdict) -> int:
+    """Prints the warnings, then the refusals (exit 2) or what was resolved (0)."""
+    for line in verdict.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if verdict.errors:
+        print("\n".join(verdict.errors), file=sys.stderr)
+        return 2
+    facts = verdict.facts
+    if facts.deployer_principal:
+        print(f"cluster admin (you): {facts.deployer_principal}")
+    if facts.deployer_cidr:
+        print(f"API endpoint open to your address: {facts.deployer_cidr}")
+    if facts.node_group_sizes:
+        sizes = ", ".join(f"{group} {size}" for group, size in facts.node_group_sizes.items())
+        print(f"node group sizes now: {sizes} (an existing group keeps its size)")
+    if facts.hf_token_kms_key_arn:
+        print(f"token secret's KMS key: {facts.hf_token_kms_key_arn} (the Ray pods may decrypt with it)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,19 +627,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - no credentials, no network: say so in one line
         print(f"cannot check the deployment with your AWS credentials: {exc}", file=sys.stderr)
         return 2
-    for line in verdict.warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    if verdict.errors:
-        print("\n".join(verdict.errors), file=sys.stderr)
+    if report(verdict) != 0:
         return 2
-    facts = verdict.facts
-    if facts.deployer_principal:
-        print(f"cluster admin (you): {facts.deployer_principal}")
-    if facts.deployer_cidr:
-        print(f"API endpoint open to your address: {facts.deployer_cidr}")
+    for line in verdict.to_import:
+        print(f"import: {line} (cdk deploy --import-existing-resources)")
     if args.facts_out:
         with open(args.facts_out, "w") as handle:
-            json.dump(facts.model_dump(exclude_none=True), handle)
+            json.dump(verdict.facts.model_dump(exclude_defaults=True), handle)
     return 0
 
 

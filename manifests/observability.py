@@ -16,6 +16,35 @@ from manifests.contract import METRICS_PORT_NAME, WORKER_GROUP_PHASE_REGEX
 
 SCRAPE_JOB = "ray"
 CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
+# The log groups the add-on's agents write to besides the Prometheus one, and create when missing.
+CONTAINER_INSIGHTS_LOG_GROUPS = ("performance", "application", "host", "dataplane")
+
+
+def container_insights_log_group(cluster_name: str, name: str) -> str:
+    return f"/aws/containerinsights/{cluster_name}/{name}"
+
+
+def scraper_log_group(cluster_name: str) -> str:
+    """Where the Amazon Managed Prometheus scraper logs (a vended log group, named by the stack)."""
+    return f"/aws/vendedlogs/prometheus/{cluster_name}/scraper"
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """The name EKS writes control-plane logs to; the stack creates it first, with a retention."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
+def fixed_log_groups(cluster_name: str, backend: str) -> list[str]:
+    """The log groups the stack creates under names a service also writes to, so that one left by an
+    earlier stack (or made by the service) blocks the create."""
+    names = [control_plane_log_group(cluster_name)]
+    if backend == "amp":
+        names.append(scraper_log_group(cluster_name))
+    if backend == "cloudwatch":
+        names += [container_insights_log_group(cluster_name, n) for n in ("prometheus", *CONTAINER_INSIGHTS_LOG_GROUPS)]
+    return names
+
+
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
 # The agent's operator mounts the add-on's prometheus config here.

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, NonNegativeInt, field_validator
 
 from config.schema.base import IAM_PRINCIPAL_ARN, StrictModel
 
 PLACEHOLDER_ACCOUNT = "000000000000"
+# The stack's managed node groups, as the deploy facts name them (the phases are serve_app.spec's).
+NodeGroupName = Literal["system", "prefill", "decode"]
 # Stands in for the deployer's address until `make deploy` resolves it: RFC 5737 TEST-NET-1,
 # which no client comes from, so a template deployed without the guard fails closed.
 UNRESOLVED_DEPLOYER_CIDR = "192.0.2.1/32"
@@ -38,6 +41,52 @@ class DeployFacts(StrictModel):
     )
     deployer_cidr: str | None = Field(
         default=None, description="The public IPv4 address `make deploy` runs from, as a /32."
+    )
+    node_group_sizes: dict[NodeGroupName, NonNegativeInt] = Field(
+        default_factory=dict,
+        description=(
+            "The desired size each node group of the deployed stack has now (eks:DescribeNodegroup). A group "
+            "listed here exists, so Cluster Autoscaler owns its size: the template leaves DesiredSize out "
+            "(CloudFormation then changes nothing), unless the size is outside the new min_size..max_size."
+        ),
+    )
+    replaced_node_groups: list[NodeGroupName] = Field(
+        default_factory=list,
+        description=(
+            "Node groups this deploy replaces (the CDK CLI's diff says so): a new group must be created with a "
+            "size, and it starts at the old group's, so the phase keeps its capacity."
+        ),
+    )
+    access_entry_ids: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Principal ARN -> logical id of its access entry in the deployed template. An entry keeps its "
+            "logical id for as long as its principal is an admin, so removing another principal never moves it "
+            "(CloudFormation would create the moved entry first, and EKS refuses a second entry for a principal)."
+        ),
+    )
+    cluster_has_bootstrap_admin: bool = Field(
+        default=False,
+        description=(
+            "The deployed cluster was created without BootstrapClusterCreatorAdminPermissions false, so its "
+            "creator (the CloudFormation execution role) holds a cluster-admin access entry. The property can only "
+            "be set at creation: the template keeps leaving it out rather than replace the cluster."
+        ),
+    )
+    placement_group_tags: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "The tags the deployed GPU placement group carries (an earlier release tagged it). Its tags cannot "
+            "change without replacing it, and every GPU node with it: they are kept as they are."
+        ),
+    )
+    hf_token_kms_key_arn: str | None = Field(
+        default=None,
+        description=(
+            "The customer-managed KMS key the gated model's token secret is encrypted with "
+            "(secretsmanager:DescribeSecret); the Ray pods' role may then decrypt with it through Secrets Manager."
+        ),
+        pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/(mrk-)?[0-9a-f-]+$",
     )
 
     @field_validator("deployer_cidr")

@@ -18,6 +18,7 @@ from botocore.stub import Stubber
 
 from cli import deploy_guard
 from config.loader import parse_config
+from config.schema import DeployFacts
 from tests.conftest import CONFIG_DIR, ROOT, loopback_http_server
 
 RECORDINGS = ROOT / "tests" / "fixtures" / "aws"
@@ -57,22 +58,39 @@ def checkip_server(answer: str):
         yield f"{url}/"
 
 
+# Each service's client, by the keyword deploy_guard.check takes it with.
+CLIENTS = {
+    "sts": "sts",
+    "iam": "iam",
+    "quotas": "service-quotas",
+    "ec2": "ec2",
+    "secretsmanager": "secretsmanager",
+    "kms": "kms",
+    "cloudformation": "cloudformation",
+    "s3": "s3",
+    "logs": "logs",
+    "eks": "eks",
+}
+
+
 @contextmanager
 def recorded_aws(name: str | None, region: str = "us-east-2"):
     """Real boto3 clients whose calls are answered by a recording (None: no call may be made)."""
     calls = json.loads((RECORDINGS / f"{name}.json").read_text())["calls"] if name else []
     clients = {
         key: boto3.client(service, region_name=region, aws_access_key_id="recorded", aws_secret_access_key="recorded")
-        for key, service in (("sts", "sts"), ("iam", "iam"), ("quotas", "service-quotas"))
+        for key, service in CLIENTS.items()
     }
     stubbers = {key: Stubber(client) for key, client in clients.items()}
+    by_service = {service: key for key, service in CLIENTS.items()}
     for call in calls:
-        key = {"sts": "sts", "iam": "iam", "service-quotas": "quotas"}[call["service"]]
+        key = by_service[call["service"]]
         if "error" in call:
             stubbers[key].add_client_error(
                 call["operation"],
                 service_error_code=call["error"]["code"],
                 service_message=call["error"]["message"],
+                http_status_code=call["error"].get("status", 400),
                 expected_params=call.get("expected"),
             )
         else:
@@ -89,7 +107,8 @@ def recorded_aws(name: str | None, region: str = "us-east-2"):
 
 def guard(name: str | None, data: dict) -> deploy_guard.Verdict:
     config = parse_config(data, source="dev.yaml")
-    checkip = json.loads((RECORDINGS / f"{name}.json").read_text())["checkip"] if name else "198.51.100.7\n"
+    recording = json.loads((RECORDINGS / f"{name}.json").read_text()) if name else {}
+    checkip = recording.get("checkip", "198.51.100.7\n")
     with checkip_server(checkip) as url, recorded_aws(name) as clients:
         return deploy_guard.check(config, "dev.yaml", checkip_url=url, **clients)
 
@@ -181,6 +200,180 @@ def test_unreadable_quota_is_a_warning_that_says_how_to_check():
     assert "could not read the quota L-DB2E81BA" in warning and "AccessDeniedException" in warning
 
 
+# --- capacity that exists: the GPU instance type in the GPU zone ----------------------------------
+
+
+def test_gpu_type_offered_in_the_gpu_zone_passes():
+    # sso-admin's recording answers DescribeInstanceTypeOfferings with us-east-2a among the zones.
+    verdict = guard("sso-admin", config_data())
+    assert not any("gpu_availability_zone" in line for line in verdict.errors + verdict.warnings)
+
+
+def test_gpu_type_not_offered_in_the_gpu_zone_names_the_zones_that_offer_it():
+    (line,) = guard("gpu-type-not-offered", config_data()).errors
+    assert "cluster.gpu_node_groups.prefill and decode use g6.8xlarge" in line
+    assert "network.gpu_availability_zone us-east-2a does not offer" in line
+    assert "set network.gpu_availability_zone to one that does: us-east-2b, us-east-2c" in line
+
+
+# --- admin principals exist -----------------------------------------------------------------------
+
+PLATFORM_ADMIN = f"arn:aws:iam::{ACCOUNT}:role/PlatformAdmin"
+ALICE = f"arn:aws:iam::{ACCOUNT}:user/ops/alice"
+
+
+def prod_with_admins(*arns: str) -> dict:
+    data = config_data("prod")
+    data["cluster"]["admin_principals"] = list(arns)
+    return data
+
+
+def test_admin_principals_that_exist_pass():
+    verdict = guard("admin-principals-exist", prod_with_admins(PLATFORM_ADMIN, ALICE))
+    assert verdict.errors == [] and verdict.warnings == []
+
+
+def test_admin_principals_that_do_not_exist_are_refused_one_line_each():
+    role_line, user_line = guard("admin-principal-missing", prod_with_admins(PLATFORM_ADMIN, ALICE)).errors
+    assert (
+        f"cluster.admin_principals has {PLATFORM_ADMIN}, which does not exist (iam:GetRole: NoSuchEntity)" in role_line
+    )
+    assert "aws iam get-role --role-name PlatformAdmin --query Role.Arn" in role_line
+    assert f"cluster.admin_principals has {ALICE}, which does not exist (iam:GetUser: NoSuchEntity)" in user_line
+    assert "aws iam get-user --user-name alice --query User.Arn" in user_line
+
+
+def test_admin_role_under_another_path_is_refused_with_its_arn():
+    (line,) = guard("admin-principal-other-path", prod_with_admins(PLATFORM_ADMIN)).errors
+    assert f"cluster.admin_principals has {PLATFORM_ADMIN}, but the role PlatformAdmin is " in line
+    assert f"arn:aws:iam::{ACCOUNT}:role/platform/PlatformAdmin; use that ARN" in line
+
+
+def test_admin_principal_that_cannot_be_looked_up_is_a_warning():
+    verdict = guard("admin-principal-unreadable", prod_with_admins(PLATFORM_ADMIN))
+    assert verdict.errors == []
+    (warning,) = verdict.warnings
+    assert (
+        f"could not check that {PLATFORM_ADMIN} in cluster.admin_principals exists (iam:GetRole: AccessDenied)"
+        in warning
+    )
+
+
+# --- the gated model's token secret ---------------------------------------------------------------
+
+TOKEN_SECRET = "pd-serving/hf-token"
+TOKEN_KEY = f"arn:aws:kms:us-east-2:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def gated(data: dict) -> dict:
+    data["serving"]["model"] = {
+        "model_id": "llama-3.1-8b",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "gated": True,
+        "hf_token_secret": TOKEN_SECRET,
+    }
+    return data
+
+
+def test_token_secret_that_does_not_exist_is_refused():
+    (line,) = guard("token-secret-missing", gated(config_data())).errors
+    assert f"serving.model.hf_token_secret {TOKEN_SECRET} does not exist in us-east-2" in line
+    assert "ResourceNotFoundException" in line
+
+
+def test_token_secret_scheduled_for_deletion_is_refused():
+    (line,) = guard("token-secret-deleted", gated(config_data())).errors
+    assert f"serving.model.hf_token_secret {TOKEN_SECRET} is scheduled for deletion (2026-11-28)" in line
+    assert f"aws secretsmanager restore-secret --secret-id {TOKEN_SECRET} --region us-east-2" in line
+
+
+def test_token_secret_with_the_aws_managed_key_needs_no_key_grant():
+    verdict = guard("token-secret-aws-managed-key", gated(config_data()))
+    assert verdict.errors == [] and verdict.warnings == []
+    assert verdict.facts.hf_token_kms_key_arn is None
+
+
+def test_token_secret_with_a_customer_managed_key_resolves_the_key_arn():
+    verdict = guard("token-secret-customer-key", gated(config_data()))
+    assert verdict.errors == [] and verdict.warnings == []
+    assert verdict.facts.hf_token_kms_key_arn == TOKEN_KEY
+
+
+def test_token_secret_whose_key_is_pending_deletion_is_refused():
+    (line,) = guard("token-secret-disabled-key", gated(config_data())).errors
+    assert f"serving.model.hf_token_secret {TOKEN_SECRET} is encrypted with the KMS key {TOKEN_KEY}" in line
+    assert "PendingDeletion" in line and "aws kms cancel-key-deletion --key-id" in line
+
+
+def test_a_multi_region_key_is_a_fact_the_stack_accepts():
+    # A multi-Region key's id starts with mrk-.
+    arn = f"arn:aws:kms:us-east-2:{ACCOUNT}:key/mrk-1234abcd12ab34cd56ef1234567890ab"
+    assert DeployFacts(hf_token_kms_key_arn=arn).hf_token_kms_key_arn == arn
+
+
+# --- destroy, then deploy again -------------------------------------------------------------------
+
+MIRROR = f"pd-dev-models-{ACCOUNT}-us-east-2"
+
+
+def kept_mirror(data: dict) -> dict:
+    data["model_mirror"] = {"enabled": True, "keep_on_destroy": True}
+    return data
+
+
+@pytest.mark.parametrize("recording", ["mirror-left-behind", "mirror-left-behind-after-rollback"])
+def test_mirror_bucket_a_destroy_kept_is_imported(recording):
+    verdict = guard(recording, kept_mirror(config_data()))
+    assert verdict.errors == []
+    assert verdict.to_import == [
+        f"the model mirror bucket {MIRROR} (kept by the last destroy): imported with its objects"
+    ]
+
+
+def test_mirror_bucket_name_owned_by_another_account_is_refused():
+    verdict = guard("mirror-owned-elsewhere", kept_mirror(config_data()))
+    (line,) = verdict.errors
+    assert f"model_mirror.bucket_name: the bucket {MIRROR} exists but is not this account's" in line
+    assert "set model_mirror.bucket_name to a name of your own" in line
+    assert verdict.to_import == []
+
+
+def test_mirror_bucket_left_behind_that_this_config_would_create_anew_is_refused():
+    data = config_data()
+    data["model_mirror"] = {"enabled": True, "keep_on_destroy": False}
+    verdict = guard("mirror-left-behind", data)
+    (line,) = verdict.errors
+    assert f"model_mirror.keep_on_destroy: the bucket {MIRROR} exists (an earlier destroy kept it)" in line
+    assert "set model_mirror.keep_on_destroy: true" in line and f"aws s3 rb s3://{MIRROR} --force" in line
+    assert verdict.to_import == []
+
+
+def test_no_mirror_bucket_yet_is_a_plain_first_deploy():
+    verdict = guard("mirror-not-there", kept_mirror(config_data()))
+    assert verdict.errors == [] and verdict.to_import == []
+
+
+def test_control_plane_log_group_left_behind_is_refused_with_the_command():
+    (line,) = guard("control-plane-log-group-left-behind", config_data()).errors
+    assert "the control-plane log group /aws/eks/pd-dev/cluster exists but the stack pd-dev-pd-serving does not" in line
+    assert "`aws logs delete-log-group --log-group-name /aws/eks/pd-dev/cluster --region us-east-2`" in line
+    assert "its events are lost" in line
+
+
+def test_deployed_stack_reads_each_node_group_size():
+    verdict = guard("stack-deployed", config_data())
+    assert verdict.errors == [] and verdict.warnings == []
+    assert verdict.facts.node_group_sizes == {"system": 1, "prefill": 1, "decode": 2}
+
+
+def test_node_group_that_cannot_be_described_is_a_warning():
+    verdict = guard("stack-deployed-group-unreadable", config_data())
+    assert verdict.errors == []
+    (warning,) = verdict.warnings
+    assert "could not read the size of the decode node group DecodeNodes6526137E-Zf5gK8pJtA6u" in warning
+    assert verdict.facts.node_group_sizes == {"system": 1, "prefill": 1}
+
+
 # --- what the stack does with the resolved facts --------------------------------------------------
 
 
@@ -223,3 +416,62 @@ def test_guard_cli_writes_the_facts_for_app(tmp_path, monkeypatch):
         code = deploy_guard.main([str(config_path), "--facts-out", str(facts), "--checkip-url", url])
     assert code == 0
     assert json.loads(facts.read_text()) == {"deployer_principal": SSO_ROLE, "deployer_cidr": "93.184.216.34/32"}
+
+
+def test_aws_clients_are_every_client_check_takes():
+    import inspect
+
+    takes = {
+        name
+        for name, parameter in inspect.signature(deploy_guard.check).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "checkip_url"
+    }
+    clients = deploy_guard.aws_clients("us-east-2")  # no call is made to create a client
+    assert set(clients) == takes == set(CLIENTS)
+    assert {key: client.meta.service_model.service_name for key, client in clients.items()} == CLIENTS
+
+
+def test_guard_cli_prints_what_it_imports_and_the_live_sizes(tmp_path, monkeypatch, capsys):
+    config_path = tmp_path / "dev.yaml"
+    config_path.write_text(yaml.safe_dump(kept_mirror(config_data())))
+    with checkip_server("93.184.216.34\n") as url, recorded_aws("mirror-left-behind") as clients:
+        monkeypatch.setattr(deploy_guard, "aws_clients", lambda region: clients)
+        assert deploy_guard.main([str(config_path), "--checkip-url", url]) == 0
+    assert f"import: the model mirror bucket {MIRROR} (kept by the last destroy)" in capsys.readouterr().out
+    config_path.write_text(yaml.safe_dump(config_data()))
+    facts = tmp_path / "facts.json"
+    with checkip_server("93.184.216.34\n") as url, recorded_aws("stack-deployed") as clients:
+        monkeypatch.setattr(deploy_guard, "aws_clients", lambda region: clients)
+        assert deploy_guard.main([str(config_path), "--facts-out", str(facts), "--checkip-url", url]) == 0
+    assert "node group sizes now: system 1, prefill 1, decode 2" in capsys.readouterr().out
+    assert json.loads(facts.read_text())["node_group_sizes"] == {"system": 1, "prefill": 1, "decode": 2}
+
+
+def cloudwatch_config() -> dict:
+    data = config_data()
+    data["observability"] = {"backend": "cloudwatch"}
+    return data
+
+
+def test_container_insights_groups_the_agents_made_are_refused_with_the_commands():
+    """A stack that ran the cloudwatch backend before the stack owned these groups: the agents made
+    them, and the deploy that creates them would fail on "already exists"."""
+    (line,) = guard("cloudwatch-groups-made-by-the-agent", cloudwatch_config()).errors
+    assert "observability.backend cloudwatch: the log group(s) /aws/containerinsights/pd-dev/performance, " in line
+    assert "/aws/containerinsights/pd-dev/application exist outside the stack pd-dev-pd-serving" in line
+    assert (
+        "aws logs delete-log-group --log-group-name /aws/containerinsights/pd-dev/performance --region us-east-2"
+        in line
+    )
+    assert "host" not in line and "prometheus" not in line
+
+
+def test_container_insights_groups_the_stack_owns_pass():
+    verdict = guard("cloudwatch-groups-owned", cloudwatch_config())
+    assert verdict.errors == [] and verdict.warnings == []
+
+
+def test_a_container_insights_group_left_after_a_destroy_is_refused():
+    (line,) = guard("cloudwatch-group-left-behind", cloudwatch_config()).errors
+    assert "the log group /aws/containerinsights/pd-dev/host exists but the stack pd-dev-pd-serving does not" in line
+    assert "`aws logs delete-log-group --log-group-name /aws/containerinsights/pd-dev/host --region us-east-2`" in line
