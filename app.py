@@ -23,6 +23,11 @@ from planner import PlanningError
 from planner.from_config import plan_config
 from stacks.pd_serving_stack import PdServingStack
 
+# Resource types whose Tags cannot change without replacing the resource (CloudFormation's resource
+# specification): a cost-tag edit would replace the GPU groups' placement group and with it roll
+# every GPU node into a new one. They carry no stack tags; tests/stacks check the list against the spec.
+TAGS_REPLACE = ("AWS::EC2::PlacementGroup",)
+
 
 def availability_zone_context(account: str, region: str, zones: list[str]) -> dict[str, list[str]]:
     """Context that answers the VPC's AZ question from the config, so synth never asks AWS."""
@@ -79,7 +84,7 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         ) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():
-        cdk.Tags.of(stack).add(key, value)
+        cdk.Tags.of(stack).add(key, value, exclude_resource_types=list(TAGS_REPLACE))
     for index, warning in enumerate(report.warnings):
         cdk.Annotations.of(stack).add_warning_v2(f"pd-serving:plan-{index}", warning)
     return app

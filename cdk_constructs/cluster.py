@@ -21,6 +21,7 @@ from cdk_constructs.policy import (
 )
 from config.schema import UNRESOLVED_DEPLOYER_CIDR, ClusterConfig, DeployFacts
 from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
+from manifests.observability import control_plane_log_group
 
 ALL_LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -73,6 +74,13 @@ def admin_principals(config: ClusterConfig, deployer: DeployFacts) -> list[str]:
     return principals
 
 
+def access_entry_id(principal: str) -> str:
+    """The construct id of a principal's access entry: its ARN, so that an entry's logical id depends on
+    its principal alone, never on its position in the list (construct ids may not hold "/")."""
+    account, resource = principal.split(":")[4], principal.split(":", 5)[5]
+    return f"Admin:{account}:{resource.replace('/', '.')}"
+
+
 def endpoint_access(config: ClusterConfig, deployer: DeployFacts) -> eks.EndpointAccess:
     if config.endpoint.public and config.endpoint.private:
         return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_cidrs(config, deployer))
@@ -110,7 +118,10 @@ class EksCluster(Construct):
         super().__init__(scope, id_)
         # EKS writes control-plane logs here and would create it with no expiry, left behind on destroy.
         self.control_plane_logs = logs.log_group(
-            self, "ControlPlaneLogs", name=f"/aws/eks/{cluster_name}/cluster", retention_days=config.log_retention_days
+            self,
+            "ControlPlaneLogs",
+            name=control_plane_log_group(cluster_name),
+            retention_days=config.log_retention_days,
         )
         self.secrets_key = kms.Key(
             self,
@@ -152,6 +163,14 @@ class EksCluster(Construct):
             ),
         )
         self.cluster.node.add_dependency(self.control_plane_logs)
+        # EKS gives the cluster's creator, here CloudFormation's execution role (AdministratorAccess), a
+        # cluster-admin access entry unless this is false ("The default value is true"). kubectl work
+        # goes through the kubectl provider's own access entry, which aws-cdk-lib creates and waits for.
+        # Create-only: a cluster that exists keeps its creator's entry rather than be replaced.
+        if not deployer.cluster_has_bootstrap_admin:
+            self.cluster.node.default_child.add_property_override(
+                "AccessConfig.BootstrapClusterCreatorAdminPermissions", False
+            )
         if config.endpoint.public:
             acknowledge_guard(
                 self.cluster,
@@ -163,9 +182,10 @@ class EksCluster(Construct):
         self._acknowledge_cdk_managed_parts()
         if self.cluster.alb_controller:
             self._acknowledge_load_balancer_controller(self.cluster.alb_controller)
-        for index, principal in enumerate(admin_principals(config, deployer)):
+        for principal in admin_principals(config, deployer):
+            entry_id = access_entry_id(principal)
             self.cluster.grant_access(
-                f"Admin{index}",
+                entry_id,
                 principal,
                 [
                     eks.AccessPolicy.from_access_policy_name(
@@ -174,6 +194,9 @@ class EksCluster(Construct):
                     )
                 ],
             )
+            deployed_id = deployer.access_entry_ids.get(principal)
+            if deployed_id:
+                self.cluster.node.find_child(entry_id).node.default_child.override_logical_id(deployed_id)
         self.addon_versions = dict(config.addon_versions)
         self.addons = {
             name: eks.Addon(

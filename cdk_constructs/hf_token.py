@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from aws_cdk import Stack
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
@@ -30,6 +31,20 @@ def imported_secret(scope: Construct, id_: str, name_or_arn: str) -> secretsmana
     return secretsmanager.Secret.from_secret_name_v2(scope, id_, name_or_arn)
 
 
+def grant_token_key(scope: Construct, grantee: iam.IGrantable, key_arn: str) -> None:
+    """``kms:Decrypt`` on the customer-managed key the token secret is encrypted with, and only through
+    Secrets Manager in the stack's region. An imported secret's ``grant_read`` adds none, and without
+    it Secrets Manager cannot decrypt the value for the mounting pod's role (the CSI mount fails).
+    ``key_arn`` is what `make deploy`'s guard resolved (``DeployFacts.hf_token_kms_key_arn``)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["kms:Decrypt"],
+            resources=[key_arn],
+            conditions={"StringEquals": {"kms:ViaService": f"secretsmanager.{Stack.of(scope).region}.amazonaws.com"}},
+        )
+    )
+
+
 class HuggingFaceToken(Construct):
     """The CSI driver, AWS's provider and the SecretProviderClass of the configured token secret.
 
@@ -40,6 +55,9 @@ class HuggingFaceToken(Construct):
         driver_version: chart version of the Secrets Store CSI driver.
         provider_version: chart version of AWS's provider.
         namespace_manifest: the namespace's manifest, which must exist first.
+
+    Whoever wires the stack makes ``driver`` depend on the node groups: its chart's pre-install
+    hook Job needs a node within Helm's timeout.
     """
 
     def __init__(
@@ -81,3 +99,6 @@ class HuggingFaceToken(Construct):
         self.provider_class = cluster.add_manifest("SecretProviderClass", self.manifest_body)
         # The SecretProviderClass kind comes with the driver's CRDs.
         self.provider_class.node.add_dependency(self.driver, namespace_manifest)
+        # Teardown runs in reverse: the namespace, which waits for its pods, goes before the driver
+        # that their token volumes are unmounted through.
+        namespace_manifest.node.add_dependency(self.driver)

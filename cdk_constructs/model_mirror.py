@@ -15,7 +15,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from cdk_constructs.hf_token import imported_secret
+from cdk_constructs.hf_token import grant_token_key, imported_secret
 from cdk_constructs.policy import (
     acknowledge,
     acknowledge_checkov,
@@ -34,6 +34,7 @@ class ModelMirror(Construct):
     keep_on_destroy: keep the bucket and its weights when the stack is destroyed.
     namespace_manifest: the namespace, which must exist before the service account.
     token_secret: a gated model's token secret, which the Job mounts with its own role.
+    token_key_arn: the customer-managed KMS key that secret is encrypted with (resolved by `make deploy`'s guard).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class ModelMirror(Construct):
         keep_on_destroy: bool,
         namespace_manifest: Construct,
         token_secret: str | None = None,
+        token_key_arn: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
         self.bucket = s3.Bucket(
@@ -83,6 +85,8 @@ class ModelMirror(Construct):
         self.bucket.grant_read_write(self.writer)
         if token_secret:
             imported_secret(self, "TokenSecret", token_secret).grant_read(self.writer)
+            if token_key_arn:
+                grant_token_key(self, self.writer, token_key_arn)
         acknowledge(
             self.writer,
             "AwsSolutions-IAM5[Action::s3:Abort*]",

@@ -7,7 +7,7 @@ the shared cluster placement group, which only an L1 ``CfnLaunchTemplate`` can e
 
 from __future__ import annotations
 
-from aws_cdk import Tags
+from aws_cdk import CfnTag, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
@@ -16,6 +16,7 @@ from cdk_constructs.policy import acknowledge, acknowledge_guard, managed_policy
 from config import catalog
 from config.schema import GpuNodeGroupConfig, RootVolume, SystemNodeGroupConfig
 from manifests.contract import (
+    AUTOSCALER_GPU_LABEL,
     EFA_RESOURCE,
     EFA_TAINT_KEY,
     GPU_NODE_SELECTOR,
@@ -56,6 +57,24 @@ def _metadata(hop_limit: int) -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
     )
 
 
+# What a node launches that bills: the instance, its EBS volumes, its network interfaces.
+LAUNCHED_RESOURCE_TYPES = ("instance", "volume", "network-interface")
+
+
+def _tag_specifications(tags: dict[str, str]) -> list[ec2.CfnLaunchTemplate.TagSpecificationProperty] | None:
+    """The stack's tags on what the template launches. A managed node group's own tags stay on the
+    node group, and ``Tags.of`` skips the L1 CfnLaunchTemplate: it has no tag manager (the L2
+    LaunchTemplate tags instances and volumes, not network interfaces). Sorted, so that the order
+    of the config's tags never makes a new template version, which would roll the nodes."""
+    if not tags:
+        return None
+    cfn_tags = [CfnTag(key=key, value=value) for key, value in sorted(tags.items())]
+    return [
+        ec2.CfnLaunchTemplate.TagSpecificationProperty(resource_type=resource_type, tags=cfn_tags)
+        for resource_type in LAUNCHED_RESOURCE_TYPES
+    ]
+
+
 def acknowledge_node_role(nodegroup: eks.Nodegroup) -> None:
     for policy in ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"):
         acknowledge(
@@ -81,6 +100,40 @@ def _template_spec(template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
     return eks.LaunchTemplateSpec(id=template.ref, version=template.attr_latest_version_number)
 
 
+def template_desired_size(
+    *, min_size: int, max_size: int, initial: int, live: int | None, replaced: bool = False
+) -> int | None:
+    """The DesiredSize to write for a node group, or None to leave it out.
+
+    EKS resizes a group to its DesiredSize whenever the value changes, terminating nodes above it;
+    with CloudFormation, "no action occurs if you remove this parameter" (EKS API,
+    NodegroupScalingConfig). So ``initial`` (the config's desired_size) sizes a group only when it
+    is created. Once it exists (``live``, its size now), Cluster Autoscaler owns the size and the
+    template leaves it out, unless the new bounds exclude it (EKS refuses min above desired, and
+    max below it): then the nearest bound. A replaced group is a create, which needs all three
+    sizes; it starts where the old group is, so the phase keeps its capacity.
+    """
+    if live is None:
+        return initial
+    within = min(max(live, min_size), max_size)
+    if within == live and not replaced:
+        return None
+    return within
+
+
+def sized(config: SystemNodeGroupConfig | GpuNodeGroupConfig, live: int | None, replaced: bool) -> int | None:
+    return template_desired_size(
+        min_size=config.min_size, max_size=config.max_size, initial=config.desired_size, live=live, replaced=replaced
+    )
+
+
+def apply_desired_size(nodegroup: eks.Nodegroup, desired: int | None) -> None:
+    if desired is None:
+        nodegroup.node.default_child.add_property_deletion_override("ScalingConfig.DesiredSize")
+    else:
+        nodegroup.node.default_child.add_property_override("ScalingConfig.DesiredSize", desired)
+
+
 def follow_cluster_version(nodegroup: eks.Nodegroup, kubernetes_version: str) -> None:
     """Pins the node group to the cluster's Kubernetes minor, so that a version bump rolls the nodes
     (after the control plane, which CloudFormation updates first); without it a managed node group
@@ -97,6 +150,9 @@ class SystemNodeGroup(Construct):
         subnets: private subnets the nodes may use (all AZs).
         metadata_hop_limit: IMDSv2 hop limit.
         kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
+        tags: the stack's tags, for the instances, volumes and network interfaces.
+        live_size: the group's size now, when it exists (see ``template_desired_size``).
+        replaced: this deploy replaces the group.
     """
 
     def __init__(
@@ -109,6 +165,9 @@ class SystemNodeGroup(Construct):
         subnets: list[ec2.ISubnet],
         metadata_hop_limit: int,
         kubernetes_version: str,
+        tags: dict[str, str],
+        live_size: int | None = None,
+        replaced: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.launch_template = ec2.CfnLaunchTemplate(
@@ -117,6 +176,7 @@ class SystemNodeGroup(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 block_device_mappings=[_root_volume(config, config.root_volume_gib)],
                 metadata_options=_metadata(metadata_hop_limit),
+                tag_specifications=_tag_specifications(tags),
             ),
         )
         acknowledge_basic_monitoring(self.launch_template)
@@ -131,6 +191,7 @@ class SystemNodeGroup(Construct):
             subnets=ec2.SubnetSelection(subnets=subnets),
             launch_template_spec=_template_spec(self.launch_template),
         )
+        apply_desired_size(self.nodegroup, sized(config, live_size, replaced))
         follow_cluster_version(self.nodegroup, kubernetes_version)
         acknowledge_node_role(self.nodegroup)
 
@@ -140,11 +201,23 @@ class EfaFabric(Construct):
 
     EFA's OS-bypass traffic only flows between instances whose security group allows all
     traffic to and from itself; the placement group keeps the nodes physically close.
+
+    Args:
+        vpc: the VPC.
+        kept_tags: the tags the deployed placement group has, when it has any. A placement group's
+            tags cannot change in place (CloudFormation replaces it, and every GPU node rolls into
+            the new one), so it carries no stack tags (app.py's TAGS_REPLACE), and one that an
+            earlier release tagged keeps exactly those.
     """
 
-    def __init__(self, scope: Construct, id_: str, *, vpc: ec2.IVpc) -> None:
+    def __init__(self, scope: Construct, id_: str, *, vpc: ec2.IVpc, kept_tags: dict[str, str] | None = None) -> None:
         super().__init__(scope, id_)
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        self.placement_group = ec2.CfnPlacementGroup(
+            self,
+            "PlacementGroup",
+            strategy="cluster",
+            tags=[CfnTag(key=key, value=value) for key, value in (kept_tags or {}).items()] or None,
+        )
         self.security_group = ec2.SecurityGroup(
             self,
             "SecurityGroup",
@@ -154,6 +227,24 @@ class EfaFabric(Construct):
         )
         self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(), "EFA from GPU nodes")
         self.security_group.add_egress_rule(self.security_group, ec2.Port.all_traffic(), "EFA to GPU nodes")
+        # A rule naming the group itself cannot be inline, so CDK writes it as its own resource and
+        # drops its no-traffic placeholder: the group itself then has no SecurityGroupEgress, and EC2
+        # keeps its default allow-all egress rule. The placeholder (CDK's own, it matches nothing)
+        # removes that default, so only the self rule leaves this group. The nodes still reach the
+        # control plane, ECR, S3 and the Internet: their interface also carries the cluster security
+        # group, whose EKS-made egress allows all, and an interface's groups add up.
+        self.security_group.node.default_child.add_property_override(
+            "SecurityGroupEgress",
+            [
+                {
+                    "CidrIp": "255.255.255.255/32",
+                    "Description": "Disallow all traffic",
+                    "IpProtocol": "icmp",
+                    "FromPort": 252,
+                    "ToPort": 86,
+                }
+            ],
+        )
 
 
 class GpuNodeGroup(Construct):
@@ -167,6 +258,9 @@ class GpuNodeGroup(Construct):
         subnet: the single private subnet (in the GPU AZ) for every GPU node.
         metadata_hop_limit: IMDSv2 hop limit.
         kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
+        tags: the stack's tags, for the instances, volumes and network interfaces.
+        live_size: the group's size now, when it exists (see ``template_desired_size``).
+        replaced: this deploy replaces the group.
 
     The node group carries Cluster Autoscaler's ``node-template/resources`` tags for the GPUs and
     EFA interfaces, so that it can grow from zero nodes.
@@ -184,6 +278,9 @@ class GpuNodeGroup(Construct):
         subnet: ec2.ISubnet,
         metadata_hop_limit: int,
         kubernetes_version: str,
+        tags: dict[str, str],
+        live_size: int | None = None,
+        replaced: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.phase = phase
@@ -191,12 +288,18 @@ class GpuNodeGroup(Construct):
         # What a node of this group offers besides CPU and memory, as the device plugins advertise it.
         self.extended_resources = {GPU_RESOURCE: facts.gpu_count, EFA_RESOURCE: facts.efa_interfaces}
         self.labels = {**GPU_NODE_SELECTOR, PHASE_LABEL: phase, NVIDIA_GPU_PRESENT_LABEL: "true"}
+        # Set by kubelet when the node registers, before the device plugin advertises the GPU; the
+        # autoscaler then waits for it instead of scaling up again. A GPU its AWS provider does not
+        # list gets no label (catalog.GpuFacts.autoscaler_gpu_type).
+        if facts.autoscaler_gpu_type:
+            self.labels[AUTOSCALER_GPU_LABEL] = facts.autoscaler_gpu_type
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 block_device_mappings=[_root_volume(config, config.root_volume_gib)],
                 metadata_options=_metadata(metadata_hop_limit),
+                tag_specifications=_tag_specifications(tags),
                 # Custom groups replace the cluster security group that EKS would add, so the
                 # interface carries it explicitly; SubnetId must stay out (EKS rejects it).
                 network_interfaces=[
@@ -245,5 +348,6 @@ class GpuNodeGroup(Construct):
         # infers nvidia.com/gpu from the instance type but cannot know vpc.amazonaws.com/efa.
         for key, value in node_template_tags(self.extended_resources).items():
             Tags.of(self.nodegroup).add(key, value)
+        apply_desired_size(self.nodegroup, sized(config, live_size, replaced))
         follow_cluster_version(self.nodegroup, kubernetes_version)
         acknowledge_node_role(self.nodegroup)

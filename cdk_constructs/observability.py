@@ -1,7 +1,7 @@
 """Scraping Ray's and vLLM's Prometheus metrics per phase, into CloudWatch or Amazon Managed Prometheus.
 
 The scrape configuration and the agent's values are data (``manifests.observability``); this
-construct installs the backend, its IAM and log group, and the per-phase dashboard.
+construct installs the backend, its IAM and log groups, and the per-phase dashboard.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from manifests import dashboards
 from manifests.observability import (
     CLOUDWATCH_ADDON,
     CLOUDWATCH_SERVICE_ACCOUNT,
+    CONTAINER_INSIGHTS_LOG_GROUPS,
     EMF_NAMESPACE,
     cloudwatch_addon_values,
+    container_insights_log_group,
     scrape_config,
+    scraper_log_group,
     scraper_rbac,
 )
 
@@ -81,7 +84,22 @@ class Observability(Construct):
 
     def _cloudwatch(self, cluster: eks.Cluster, dashboard_name: str) -> None:
         # Created here, with a retention, before the agent would create it without one.
-        log_group = self._log_group(f"/aws/containerinsights/{cluster.cluster_name}/prometheus")
+        log_group = self._log_group(container_insights_log_group(cluster.cluster_name, "prometheus"))
+        # The add-on's CloudWatch agent (performance) and Fluent Bit (application, host, dataplane)
+        # write to these fixed names and create any that is missing: unencrypted, never expiring,
+        # and left behind by destroy (AWS Knowledge Center, "enable Container Insights metrics on an
+        # EKS cluster"; CloudWatch user guide, "Container Insights performance log reference" and
+        # "Set up Fluent Bit as a DaemonSet to send logs to CloudWatch Logs"). Made by the stack
+        # before the add-on, they are the stack's: encrypted, expiring, deleted on destroy.
+        container_insights = [
+            self.logs.log_group(
+                self,
+                f"{name.title()}LogGroup",
+                name=container_insights_log_group(cluster.cluster_name, name),
+                retention_days=self.config.log_retention_days,
+            )
+            for name in CONTAINER_INSIGHTS_LOG_GROUPS
+        ]
         self.agent_role = iam.Role(
             self,
             "AgentRole",
@@ -111,7 +129,7 @@ class Observability(Construct):
             ],
             resolve_conflicts="OVERWRITE",
         )
-        self.addon.node.add_dependency(cluster.eks_pod_identity_agent, log_group)
+        self.addon.node.add_dependency(cluster.eks_pod_identity_agent, log_group, *container_insights)
         stack = Stack.of(self)
         self.dashboard = cloudwatch.CfnDashboard(
             self,
@@ -133,7 +151,7 @@ class Observability(Construct):
         else:
             workspace = aps.CfnWorkspace(self, "Workspace", alias=f"{cluster.cluster_name}-pd-serving")
             self.workspace_arn = workspace.attr_arn
-        log_group = self._log_group(f"/aws/vendedlogs/prometheus/{cluster.cluster_name}/scraper")
+        log_group = self._log_group(scraper_log_group(cluster.cluster_name))
         self.scraper = aps.CfnScraper(
             self,
             "Scraper",

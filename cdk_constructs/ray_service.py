@@ -16,7 +16,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from cdk_constructs.hf_token import HuggingFaceToken, imported_secret
+from cdk_constructs.hf_token import HuggingFaceToken, grant_token_key, imported_secret
 from cdk_constructs.policy import acknowledge
 from config.schema import ChartVersions, RayServiceConfig
 from kuberay import rules_version_note
@@ -61,6 +61,8 @@ class RayServiceApp(Construct):
         render_manifest: the RayService for a Serve config (``manifests.ray_service.ray_service``
             bound to the environment); the Serve config names this construct's code asset.
         operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
+        token_key_arn: the customer-managed KMS key the token secret is encrypted with (resolved by
+            `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
 
     ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
     makes it depend on what must outlive it on teardown (the load balancer controller, the nodes).
@@ -77,6 +79,7 @@ class RayServiceApp(Construct):
         charts: ChartVersions,
         render_manifest: Callable[[str], dict[str, Any]],
         operator: Construct,
+        token_key_arn: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
         rs = ray_service
@@ -101,7 +104,7 @@ class RayServiceApp(Construct):
                 resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
             )
         )
-        self._grant_model_access(serving)
+        self._grant_model_access(serving, token_key_arn)
         self.hf_token = None
         if serving.model.hf_token_secret:
             self.hf_token = HuggingFaceToken(
@@ -139,12 +142,14 @@ class RayServiceApp(Construct):
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )
 
-    def _grant_model_access(self, serving: ServingSpec) -> None:
+    def _grant_model_access(self, serving: ServingSpec, token_key_arn: str | None) -> None:
         model = serving.model
         if model.hf_token_secret:
             # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
-            # for this secret alone (GetSecretValue, DescribeSecret).
+            # for this secret alone (GetSecretValue, DescribeSecret), and its key if it is the customer's.
             imported_secret(self, "HfTokenSecret", model.hf_token_secret).grant_read(self.service_account)
+            if token_key_arn:
+                grant_token_key(self, self.service_account, token_key_arn)
         if model.is_s3:
             bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")
             bucket = s3.Bucket.from_bucket_name(self, "ModelBucket", bucket_name)

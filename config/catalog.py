@@ -17,22 +17,35 @@ INSTANCE_FACTS_SOURCE = (
 )
 
 
+# kubernetes/autoscaler at cluster-autoscaler-1.36.1, cluster-autoscaler/cloudprovider/aws/
+# aws_cloud_provider.go: GPULabel and availableGPUTypes, the GPU types its AWS provider knows.
+AUTOSCALER_GPU_TYPES_SOURCE = (
+    "https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/"
+    "cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go"
+)
+
+
 @dataclass(frozen=True)
 class GpuFacts:
-    """One GPU model. Peak TFLOPS is dense BF16 tensor throughput from the vendor datasheet."""
+    """One GPU model. Peak TFLOPS is dense BF16 tensor throughput from the vendor datasheet.
+
+    ``autoscaler_gpu_type`` is the value of the GPU type in Cluster Autoscaler's AWS provider
+    (``availableGPUTypes``, AUTOSCALER_GPU_TYPES_SOURCE), None where that list has none (H100).
+    """
 
     model: str
     memory_gib: float
     peak_bf16_tflops: float
     memory_bandwidth_gbps: float
+    autoscaler_gpu_type: str | None
 
 
 GPUS: dict[str, GpuFacts] = {
-    "L4": GpuFacts("L4", 22.5, 121.0, 300.0),
-    "L40S": GpuFacts("L40S", 44.5, 362.0, 864.0),
-    "A10G": GpuFacts("A10G", 22.0, 70.0, 600.0),
-    "A100-40GB": GpuFacts("A100-40GB", 40.0, 312.0, 1555.0),
-    "H100": GpuFacts("H100", 80.0, 989.0, 3350.0),
+    "L4": GpuFacts("L4", 22.5, 121.0, 300.0, "nvidia-l4"),
+    "L40S": GpuFacts("L40S", 44.5, 362.0, 864.0, "nvidia-l40s"),
+    "A10G": GpuFacts("A10G", 22.0, 70.0, 600.0, "nvidia-a10g"),
+    "A100-40GB": GpuFacts("A100-40GB", 40.0, 312.0, 1555.0, "nvidia-tesla-a100"),
+    "H100": GpuFacts("H100", 80.0, 989.0, 3350.0, None),
 }
 
 
@@ -62,6 +75,12 @@ class InstanceFacts:
     @property
     def supports_efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def autoscaler_gpu_type(self) -> str | None:
+        """The value of Cluster Autoscaler's GPU label for this type's GPU (None: no GPU, or none known)."""
+        facts = self.gpu_facts
+        return facts.autoscaler_gpu_type if facts else None
 
 
 def _gpu(name, vcpus, mem, gbps, efa, gpu, count, rdma, price):

@@ -25,6 +25,11 @@ EFA_TAINT_KEY = "aws.amazon.com/efa"
 # it runs only where NFD's PCI labels or this label say "NVIDIA GPU". EKS's AL2023 NVIDIA nodes
 # carry it only from Kubernetes 1.35, so the GPU groups set it for every version the config accepts.
 NVIDIA_GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# Cluster Autoscaler's AWS provider (GPULabel, cluster-autoscaler-1.36.1
+# cloudprovider/aws/aws_cloud_provider.go): a node with it but no GPU allocatable yet is "GPU not
+# ready", not a node that failed to fit the pending pods, so no second scale-up starts while the
+# device plugin registers. Its value is the GPU type (config.catalog, ``autoscaler_gpu_type``).
+AUTOSCALER_GPU_LABEL = "k8s.amazonaws.com/accelerator"
 
 SYSTEM_NODE_SELECTOR = {ROLE_LABEL: SYSTEM_ROLE}
 GPU_NODE_SELECTOR = {ROLE_LABEL: GPU_ROLE}

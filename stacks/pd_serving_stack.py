@@ -33,13 +33,14 @@ class PdServingStack(Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         cluster_config = config.cluster
+        deployer = deployer or DeployFacts()
         logs = EncryptedLogs(self, "Logs", description=f"CloudWatch log groups of {config.stack_name}")
         network = Network(self, "Network", config=config.network, logs=logs)
         eks_cluster = EksCluster(
             self,
             "Eks",
             config=cluster_config,
-            deployer=deployer or DeployFacts(),
+            deployer=deployer,
             cluster_name=config.cluster_name,
             vpc=network.vpc,
             subnets=network.private_subnets,
@@ -57,8 +58,11 @@ class PdServingStack(Stack):
             subnets=network.private_subnets,
             metadata_hop_limit=cluster_config.metadata_hop_limit,
             kubernetes_version=cluster_config.kubernetes_version,
+            tags=config.tags,
+            live_size=deployer.node_group_sizes.get("system"),
+            replaced="system" in deployer.replaced_node_groups,
         )
-        fabric = EfaFabric(self, "EfaFabric", vpc=network.vpc)
+        fabric = EfaFabric(self, "EfaFabric", vpc=network.vpc, kept_tags=deployer.placement_group_tags)
         gpu_groups = {
             phase: GpuNodeGroup(
                 self,
@@ -70,6 +74,9 @@ class PdServingStack(Stack):
                 subnet=network.gpu_subnet,
                 metadata_hop_limit=cluster_config.metadata_hop_limit,
                 kubernetes_version=cluster_config.kubernetes_version,
+                tags=config.tags,
+                live_size=deployer.node_group_sizes.get(phase),
+                replaced=phase in deployer.replaced_node_groups,
             )
             for phase in PHASES
         }
@@ -117,6 +124,7 @@ class PdServingStack(Stack):
                 config, serve_config_v2=serve_config_v2, service_account=RAY_SERVICE_ACCOUNT
             ),
             operator=self.kuberay,
+            token_key_arn=deployer.hf_token_kms_key_arn,
         )
         mirror = None
         if config.model_mirror.enabled:
@@ -129,11 +137,15 @@ class PdServingStack(Stack):
                 keep_on_destroy=config.mirror_kept_on_destroy,
                 namespace_manifest=serving.namespace,
                 token_secret=config.serving.model.hf_token_secret,
+                token_key_arn=deployer.hf_token_kms_key_arn,
             )
         # Teardown runs in reverse: the RayService is deleted while the nodes and KubeRay still run;
         # then the NLB's Service, whose deletion waits until the load balancer controller has removed
         # the NLB, its security groups and ENIs; only then the controller, the nodes and the VPC.
         serving.manifest.node.add_dependency(*nodegroups)
+        if serving.hf_token:
+            # The driver chart's pre-install hook Job, which Helm always waits for, needs a node.
+            serving.hf_token.driver.node.add_dependency(*nodegroups)
         if serving.serve_service:
             serving.serve_service.node.add_dependency(*nodegroups, cluster.alb_controller)
 

@@ -73,8 +73,9 @@ def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> d
     )
 
 
-def synth_variant(tmp_path, data: dict, name: str):
-    """Synthesizes a variant of a config (as a dict) and returns (stack, template)."""
+def synth_variant(tmp_path, data: dict, name: str, facts=None):
+    """Synthesizes a variant of a config (as a dict) and returns (stack, template); ``facts``
+    (DeployFacts) as `make deploy` passes them."""
     import yaml
     from aws_cdk.assertions import Template
 
@@ -82,24 +83,30 @@ def synth_variant(tmp_path, data: dict, name: str):
 
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
-    stack = build_app(str(path), outdir=str(tmp_path / f"{name}-out")).node.children[0]
+    facts_path = None
+    if facts is not None:
+        facts_path = tmp_path / f"{name}-deploy-facts.json"
+        facts_path.write_text(facts.model_dump_json(exclude_defaults=True))
+    stack = build_app(
+        str(path), outdir=str(tmp_path / f"{name}-out"), deploy_facts=str(facts_path) if facts_path else None
+    ).node.children[0]
     return stack, Template.from_stack(stack)
 
 
 @pytest.fixture(scope="session")
 def variant(tmp_path_factory):
     """Synthesizes a named variant of a config (as a dict) once per session, for every test that
-    asks for the same name with the same data; returns (stack, template, outdir)."""
+    asks for the same name with the same data (and deploy facts); returns (stack, template, outdir)."""
     cache: dict[str, tuple[dict, tuple]] = {}
 
-    def get(name: str, data: dict):
+    def get(name: str, data: dict, facts=None):
         if name in cache:
             built_from, built = cache[name]
-            assert built_from == data, f"variant {name!r} asked for with two different configs"
+            assert built_from == (data, facts), f"variant {name!r} asked for with two different configs"
             return built
         folder = tmp_path_factory.mktemp(f"variant-{name}")
-        stack, template = synth_variant(folder, data, name)
-        cache[name] = (data, (stack, template, folder / f"{name}-out"))
+        stack, template = synth_variant(folder, data, name, facts)
+        cache[name] = ((data, facts), (stack, template, folder / f"{name}-out"))
         return cache[name][1]
 
     return get

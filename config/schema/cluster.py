@@ -62,7 +62,13 @@ class EndpointAccessConfig(StrictModel):
 
 class NodeGroupSizing(StrictModel):
     min_size: int = Field(description="Fewest nodes the group scales down to.", ge=0)
-    desired_size: int = Field(description="Nodes the group starts with.", ge=0)
+    desired_size: int = Field(
+        description=(
+            "Nodes the group starts with when it is created. Once it exists Cluster Autoscaler owns its size: "
+            "`make deploy` reads it and leaves it (change min_size or max_size to move it)."
+        ),
+        ge=0,
+    )
     max_size: int = Field(description="Most nodes the group scales up to.", ge=1)
 
     @model_validator(mode="after")

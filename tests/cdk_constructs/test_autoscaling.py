@@ -90,6 +90,46 @@ def test_gpu_groups_carry_what_a_scale_up_from_zero_needs(synthesized, env):
         assert group["Version"] == config.cluster.kubernetes_version
 
 
+# kubernetes/autoscaler at cluster-autoscaler-1.36.1, cloudprovider/aws/aws_cloud_provider.go:
+# GPULabel (line 48) and availableGPUTypes (lines 54-63), the values it knows for that label.
+AUTOSCALER_GPU_LABEL = "k8s.amazonaws.com/accelerator"
+AUTOSCALER_GPU_TYPES = {
+    "nvidia-tesla-k80",
+    "nvidia-tesla-p100",
+    "nvidia-tesla-v100",
+    "nvidia-tesla-t4",
+    "nvidia-tesla-a100",
+    "nvidia-a10g",
+    "nvidia-l4",
+    "nvidia-l40s",
+}
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_gpu_nodes_say_they_have_a_gpu_before_the_device_plugin_does(synthesized, env):
+    """Cluster Autoscaler takes a node with this label but no nvidia.com/gpu allocatable yet as
+    "GPU not ready" (processors/customresources/gpu_processor.go) instead of as a node that does
+    not fit the pending pods, which would trigger another scale-up."""
+    config, _, template, _, _ = synthesized(env)
+    groups = {
+        r["Properties"]["Labels"].get("pd-serving/phase", "system"): r["Properties"]
+        for r in template.find_resources("AWS::EKS::Nodegroup").values()
+    }
+    assert AUTOSCALER_GPU_LABEL not in groups.pop("system")["Labels"]
+    for phase, group in groups.items():
+        assert getattr(config.cluster.gpu_node_groups, phase).instance_type == "g6.8xlarge"
+        assert group["Labels"][AUTOSCALER_GPU_LABEL] == "nvidia-l4"
+
+
+def test_every_gpu_of_the_catalog_names_a_type_the_autoscaler_knows_or_none():
+    from config import catalog
+
+    for name, gpu in catalog.GPUS.items():
+        assert gpu.autoscaler_gpu_type is None or gpu.autoscaler_gpu_type in AUTOSCALER_GPU_TYPES, name
+    assert catalog.INSTANCES["g6.8xlarge"].autoscaler_gpu_type == "nvidia-l4"
+    assert catalog.INSTANCES["m7i.xlarge"].autoscaler_gpu_type is None
+
+
 @pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
 def test_a_phase_pod_fits_only_its_own_groups_template(synthesized, env):
     """What the autoscaler simulates: a pending worker pod against each group's labels and taints."""
@@ -243,3 +283,35 @@ def test_a_malformed_addon_version_is_refused(dev_data):
     dev_data["cluster"]["addon_versions"] = {"vpc-cni": "1.21"}
     with pytest.raises(ConfigError, match=r"cluster.addon_versions: vpc-cni: '1.21' is not an EKS add-on version"):
         parse_config(dev_data)
+
+
+@pytest.mark.parametrize(
+    ("live", "replaced", "bounds", "expected"),
+    [
+        (None, False, (1, 2), 1),  # the group's creation: the config's desired_size
+        (4, False, (1, 6), None),  # exists within the bounds: the autoscaler's size stands
+        (0, False, (0, 6), None),
+        (4, False, (1, 2), 2),  # max lowered below it: EKS refuses desired above max, so max
+        (0, False, (1, 6), 1),  # min raised above it: EKS refuses min above desired, so min
+        (3, True, (1, 6), 3),  # a replacement is a create: it starts where the old group is
+        (9, True, (1, 6), 6),
+    ],
+)
+def test_a_deploy_sizes_a_node_group_only_when_it_is_created_or_must(live, replaced, bounds, expected):
+    from cdk_constructs.node_groups import template_desired_size
+
+    low, high = bounds
+    assert template_desired_size(min_size=low, max_size=high, initial=1, live=live, replaced=replaced) == expected
+
+
+def test_an_existing_node_group_leaves_its_size_to_the_autoscaler(tmp_path, dev_data):
+    """With the sizes `make deploy` reads (decode grown to 2 by the autoscaler), no group's template
+    sets DesiredSize, which CloudFormation takes as "no change"; offline synth (a first deploy) sets it."""
+    from config.schema import DeployFacts
+
+    facts = DeployFacts.model_validate({"node_group_sizes": {"system": 1, "prefill": 1, "decode": 2}})
+    _, template = synth_variant(tmp_path, dev_data, "grown", facts)
+    groups = template.find_resources("AWS::EKS::Nodegroup")
+    assert len(groups) == 3
+    assert all("DesiredSize" not in g["Properties"]["ScalingConfig"] for g in groups.values())
+    assert all(g["Properties"]["ScalingConfig"].keys() == {"MinSize", "MaxSize"} for g in groups.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
@@ -11,7 +13,7 @@ from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from config.loader import load_config, parse_config
-from tests.conftest import network_and_cluster
+from tests.conftest import SHIPPED_ENVIRONMENTS, network_and_cluster
 
 ENV = cdk.Environment(account="111111111111", region="us-east-2")
 
@@ -49,6 +51,7 @@ def cluster_parts(config):
         subnets=network.private_subnets,
         metadata_hop_limit=1,
         kubernetes_version="1.36",
+        tags=config.tags,
     )
     eks_cluster.add_coredns_after(system.nodegroup)
     fabric = EfaFabric(stack, "Fabric", vpc=network.vpc)
@@ -62,6 +65,7 @@ def cluster_parts(config):
         subnet=network.gpu_subnet,
         metadata_hop_limit=1,
         kubernetes_version="1.36",
+        tags=config.tags,
     )
     addons.nvidia_device_plugin(stack, cluster=eks_cluster.cluster, version="0.20.0")
     addons.efa_device_plugin(stack, cluster=eks_cluster.cluster, version="v0.5.30")
@@ -175,8 +179,6 @@ def test_admin_principals_get_access_entries(config):
     admin_config = parse_config(data)
     stack = bare_stack(admin_config)
     network_and_cluster(stack, admin_config)
-    import json
-
     entries = Template.from_stack(stack).find_resources(
         "AWS::EKS::AccessEntry",
         {"Properties": {"PrincipalArn": "arn:aws:iam::111111111111:role/Admin"}},
@@ -278,6 +280,26 @@ def test_launch_templates_never_name_subnet_or_instance_type(cluster_parts):
         assert data["MetadataOptions"]["HttpTokens"] == "required"
 
 
+LAUNCHED_RESOURCE_TYPES = ("instance", "volume", "network-interface")
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_cost_tags_reach_what_each_launch_template_launches(synthesized, env):
+    """Node group tags stay on the node group; an instance, its volumes and its network
+    interfaces are tagged only through the launch template's TagSpecifications."""
+    config, _, template, _, _ = synthesized(env)
+    assert config.tags
+    expected = [{"Key": key, "Value": value} for key, value in sorted(config.tags.items())]
+    templates = template.find_resources("AWS::EC2::LaunchTemplate")
+    assert len(templates) == 3
+    for logical_id, resource in templates.items():
+        specs = resource["Properties"]["LaunchTemplateData"].get("TagSpecifications", [])
+        by_type = {spec["ResourceType"]: spec["Tags"] for spec in specs}
+        assert set(by_type) == set(LAUNCHED_RESOURCE_TYPES), logical_id
+        for resource_type in LAUNCHED_RESOURCE_TYPES:
+            assert by_type[resource_type] == expected, (logical_id, resource_type)
+
+
 def test_placement_group_is_cluster_strategy(cluster_parts):
     _, _, _, template = cluster_parts
     template.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
@@ -294,12 +316,26 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(cluster_parts)
         "AWS::EC2::SecurityGroupEgress",
         {"IpProtocol": "-1", "GroupId": sg_ref, "DestinationSecurityGroupId": sg_ref},
     )
-    fabric_groups = [
+    (fabric_group,) = [
         r for k, r in template.find_resources("AWS::EC2::SecurityGroup").items() if "FabricSecurityGroup" in k
     ]
-    # No default allow-all egress: only the self rule leaves the group.
-    inline_egress = fabric_groups[0]["Properties"].get("SecurityGroupEgress", [])
-    assert all(rule.get("CidrIp") != "0.0.0.0/0" for rule in inline_egress)
+    # A group created without SecurityGroupEgress keeps EC2's default allow-all egress; the inline
+    # rule matches no traffic (CDK's own placeholder), so the separate self rule is all that leaves.
+    assert fabric_group["Properties"]["SecurityGroupEgress"] == [
+        {
+            "CidrIp": "255.255.255.255/32",
+            "Description": "Disallow all traffic",
+            "FromPort": 252,
+            "IpProtocol": "icmp",
+            "ToPort": 86,
+        }
+    ]
+    egress = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EC2::SecurityGroupEgress").values()
+        if "FabricSecurityGroup" in str(r["Properties"]["GroupId"])
+    ]
+    assert len(egress) == 1 and "DestinationSecurityGroupId" in egress[0]
 
 
 # Add-ons ------------------------------------------------------------------------------------------
@@ -380,3 +416,28 @@ def test_nvidia_device_plugin_can_land_on_every_gpu_node_and_no_other(synthesize
         assert _schedulable(group["Labels"], values["nodeSelector"], NVIDIA_CHART_DEFAULT_AFFINITY) is gpu, group[
             "Labels"
         ]
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_the_execution_role_is_no_admin_and_kubectl_has_its_own_entry_first(synthesized, env):
+    """EKS makes the cluster's creator (CloudFormation's execution role) an admin unless
+    BootstrapClusterCreatorAdminPermissions is false. Every Kubernetes object the stack applies
+    goes through the kubectl provider, whose role has its own access entry, and waits for it."""
+    _, _, template, _, _ = synthesized(env)
+    (cluster,) = template.find_resources("AWS::EKS::Cluster").values()
+    assert cluster["Properties"]["AccessConfig"] == {
+        "AuthenticationMode": "API",
+        "BootstrapClusterCreatorAdminPermissions": False,
+    }
+    resources = template.to_json()["Resources"]
+    kubectl_entries = [
+        logical_id
+        for logical_id, entry in resources.items()
+        if entry["Type"] == "AWS::EKS::AccessEntry"
+        and "KubectlProviderHandlerServiceRole" in json.dumps(entry["Properties"]["PrincipalArn"])
+    ]
+    assert len(kubectl_entries) == 1
+    (barrier,) = [k for k, r in resources.items() if r["Type"] == "AWS::SSM::Parameter" and "KubectlReadyBarrier" in k]
+    assert kubectl_entries[0] in resources[barrier]["DependsOn"]
+    applied = [k for k, r in resources.items() if r["Type"].startswith("Custom::AWSCDK-EKS-")]
+    assert applied and all(barrier in resources[k].get("DependsOn", []) for k in applied)

@@ -165,3 +165,121 @@ def test_a_complete_arn_in_the_region_is_accepted(tmp_path):
     stack, template = synth_variant(tmp_path, gated_data(arn), "gated-arn")
     assert yaml.safe_load(stack.serving.hf_token.manifest_body["spec"]["parameters"]["objects"])[0]["objectName"] == arn
     assert arn in json.dumps(template.find_resources("AWS::IAM::Policy"))
+
+
+def _depends_on(resource: dict) -> set[str]:
+    found = resource.get("DependsOn", [])
+    return {found} if isinstance(found, str) else set(found)
+
+
+def test_the_driver_installs_after_the_nodes_and_outlives_the_namespace(gated):
+    """Install: the driver chart's pre-install hook Job needs a node within Helm's timeout.
+    Destroy runs in reverse: the llm namespace, and with it every pod that mounts through the
+    driver, is gone before the driver."""
+    _, template = gated
+    resources = template.to_json()["Resources"]
+    (driver_id,) = [
+        k
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Chart"] == "secrets-store-csi-driver"
+    ]
+    nodegroups = {k for k, r in resources.items() if r["Type"] == "AWS::EKS::Nodegroup"}
+    assert len(nodegroups) == 3 and nodegroups <= _depends_on(resources[driver_id])
+    manifests = {
+        k: json.dumps(r["Properties"]["Manifest"])
+        for k, r in resources.items()
+        if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+    }
+    (namespace_id,) = [k for k, m in manifests.items() if '\\"kind\\":\\"Namespace\\"' in m and '\\"llm\\"' in m]
+    assert driver_id in _depends_on(resources[namespace_id])
+    (provider_class_id,) = [k for k, m in manifests.items() if "SecretProviderClass" in m]
+    assert {driver_id, namespace_id} <= _depends_on(resources[provider_class_id])
+
+
+def test_the_template_has_no_dependency_cycle(gated):
+    _, template = gated
+    resources = template.to_json()["Resources"]
+
+    def references(value) -> set[str]:
+        if isinstance(value, dict):
+            if "Ref" in value:
+                return {value["Ref"]}
+            if "Fn::GetAtt" in value:
+                return {value["Fn::GetAtt"][0]}
+            return set().union(*(references(v) for v in value.values()))
+        if isinstance(value, list):
+            return set().union(*(references(v) for v in value))
+        return set()
+
+    graph = {k: (_depends_on(r) | references(r.get("Properties", {}))) & set(resources) for k, r in resources.items()}
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", f"dependency cycle: {' -> '.join([*path, node])}"
+        state[node] = "open"
+        for needed in graph.get(node, ()):
+            visit(needed, [*path, node])
+        state[node] = "done"
+
+    for node in graph:
+        visit(node, [])
+
+
+# --- a token secret encrypted with a customer-managed KMS key -------------------------------------
+
+TOKEN_KEY = "arn:aws:kms:us-east-2:000000000000:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+DECRYPT_THROUGH_SECRETS_MANAGER = {
+    "Action": "kms:Decrypt",
+    "Effect": "Allow",
+    "Resource": TOKEN_KEY,
+    "Condition": {"StringEquals": {"kms:ViaService": "secretsmanager.us-east-2.amazonaws.com"}},
+}
+
+
+def gated_mirror_data() -> dict:
+    data = gated_data()
+    data["model_mirror"] = {"enabled": True}
+    return data
+
+
+def decrypt_statements(template, service_account: str) -> list[dict]:
+    """The kms:Decrypt statements of the role a service account's Pod Identity association names."""
+    (association,) = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EKS::PodIdentityAssociation").values()
+        if r["Properties"]["ServiceAccount"] == service_account
+    ]
+    role = association["RoleArn"]["Fn::GetAtt"][0]
+    found = []
+    for policy in template.find_resources("AWS::IAM::Policy").values():
+        if {"Ref": role} not in policy["Properties"]["Roles"]:
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a.startswith("kms:") for a in actions):
+                found.append(statement)
+    return found
+
+
+def test_a_customer_managed_token_key_may_be_used_through_secrets_manager_only(tmp_path):
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    config_path = tmp_path / "gated-key.yaml"
+    config_path.write_text(yaml.safe_dump(gated_mirror_data()))
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps({"hf_token_kms_key_arn": TOKEN_KEY}))
+    stack = build_app(str(config_path), outdir=str(tmp_path / "out"), deploy_facts=str(facts)).node.children[0]
+    template = Template.from_stack(stack)
+    # The Ray pods mount the token; the mirror Job mounts it too, with its own role.
+    assert decrypt_statements(template, "ray-serve") == [DECRYPT_THROUGH_SECRETS_MANAGER]
+    assert decrypt_statements(template, "model-mirror") == [DECRYPT_THROUGH_SECRETS_MANAGER]
+
+
+def test_no_key_grant_without_a_customer_managed_key(variant):
+    _, template, _ = variant("gated-mirror", gated_mirror_data())
+    assert decrypt_statements(template, "ray-serve") == []
+    assert decrypt_statements(template, "model-mirror") == []

@@ -232,3 +232,39 @@ def test_no_unacknowledged_aws_solutions_findings(app_config, tmp_path, backend)
         assert any("CloudWatchAgentServerPolicy" in f["ruleName"] + json.dumps(f) for f in nag["suppressedViolations"])
     for finding in nag["suppressedViolations"]:
         assert len(finding["reason"]) >= 20, finding["ruleName"]
+
+
+CONTAINER_INSIGHTS_STREAMS = ("performance", "application", "host", "dataplane", "prometheus")
+
+
+def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agent_writes(cloudwatch):
+    """The agent and Fluent Bit write to these names and would create them unencrypted, never
+    expiring and outliving the stack; the stack creates them first, so destroy removes them."""
+    _, _, template = cloudwatch
+    resources = template.to_json()["Resources"]
+    (cluster_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::EKS::Cluster"]
+
+    def name_of(group: dict) -> str:
+        name = group["Properties"].get("LogGroupName", "")
+        if isinstance(name, dict):
+            separator, parts = name["Fn::Join"]
+            name = separator.join("<cluster>" if part == {"Ref": cluster_id} else part for part in parts)
+        return name
+
+    groups = {
+        name_of(r): (logical_id, r)
+        for logical_id, r in resources.items()
+        if r["Type"] == "AWS::Logs::LogGroup" and "/aws/containerinsights/" in name_of(r)
+    }
+    assert set(groups) == {f"/aws/containerinsights/<cluster>/{name}" for name in CONTAINER_INSIGHTS_STREAMS}
+    (key_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::KMS::Key" and k.startswith("Logs")]
+    (addon,) = [
+        r
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::Addon" and r["Properties"]["AddonName"] == "amazon-cloudwatch-observability"
+    ]
+    for logical_id, group in groups.values():
+        assert group["Properties"]["RetentionInDays"] == 14
+        assert group["Properties"]["KmsKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+        assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == "Delete"
+        assert logical_id in addon["DependsOn"]
