@@ -18,7 +18,6 @@ CHART_CACHE ?= .cache/charts
 export CHART_CACHE
 # checkov pins dependencies that clash with the runtime's (boto3 among them), so it has a venv of its own.
 CHECKOV_VENV := .venv-checkov
-DEPLOY_FACTS := .deploy-facts.json
 MODE ?= disaggregated
 ASSET ?=
 # make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
@@ -93,27 +92,18 @@ synth: $(VENV)/.runtime node_modules/.installed
 	$(CDK) synth $(CDK_FLAGS) --output $(OUTDIR) --quiet
 	$(PY) -m cli.summary $(CONFIG) $(OUTDIR)
 
-# The guard checks the config, then your credentials (account, your IAM role, your address,
-# the GPU vCPU quota), and writes what it resolved for app.py; nothing is resolved at synth.
-# The assembly is synthesized once, previewed in serving terms against the deployed template, and
-# that same assembly is deployed. ALLOW_REPLACEMENT=1: the preview named a stateful replacement and it is intended.
+# The guard checks the config, then your credentials (account, your IAM role, your address, GPU
+# quota and capacity, principals, the token secret, what a destroy left behind) and reads the node
+# groups' sizes; the stack is synthesized with them (an existing group's size stays the autoscaler's),
+# previewed in serving terms against the deployed template, and that same assembly is deployed.
+# ALLOW_REPLACEMENT=1: the preview named a stateful replacement and it is intended.
 deploy: $(VENV)/.runtime node_modules/.installed
-	$(PY) -m cli.deploy_guard $(CONFIG) --facts-out $(DEPLOY_FACTS)
-	$(CDK) synth $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) --quiet
-	$(PY) -m cli.preview $(CONFIG) --assembly $(OUTDIR) --summary-only --new-stack-ok $(if $(ALLOW_REPLACEMENT),--allow-replacement)
-	$(CDK) deploy --app $(OUTDIR) --no-notices --no-version-reporting --require-approval broadening --progress events
+	$(PY) -m cli.deploy $(CONFIG) --outdir $(OUTDIR) --cdk $(CDK) --summary-only $(if $(ALLOW_REPLACEMENT),--allow-replacement)
 
-# What the next make deploy would do, synthesized as make deploy synthesizes it (the guard resolves
-# your identity and address). TEMPLATE=file compares with a saved template instead of the deployed
-# one: offline, no credentials, no deploy facts.
+# What the next make deploy would do, synthesized as make deploy synthesizes it. TEMPLATE=file
+# compares with a saved template instead of the deployed one: offline, no credentials.
 preview: $(VENV)/.runtime node_modules/.installed
-ifeq ($(TEMPLATE),)
-	$(PY) -m cli.deploy_guard $(CONFIG) --facts-out $(DEPLOY_FACTS)
-	$(CDK) synth $(CDK_FLAGS) -c deploy_facts=$(abspath $(DEPLOY_FACTS)) --output $(OUTDIR) --quiet
-else
-	$(CDK) synth $(CDK_FLAGS) --output $(OUTDIR) --quiet
-endif
-	$(PY) -m cli.preview $(CONFIG) --assembly $(OUTDIR) $(if $(TEMPLATE),--template $(TEMPLATE)) $(if $(ALLOW_REPLACEMENT),--allow-replacement)
+	$(PY) -m cli.deploy $(CONFIG) --preview-only --outdir $(OUTDIR) --cdk $(CDK) $(if $(TEMPLATE),--template $(TEMPLATE)) $(if $(ALLOW_REPLACEMENT),--allow-replacement)
 
 destroy: $(VENV)/.runtime node_modules/.installed
 	$(CDK) destroy $(CDK_FLAGS) --output $(OUTDIR) --force

@@ -1,8 +1,9 @@
-"""`make preview`: what the next `make deploy` would do, in serving terms, before it does it.
+"""A synthesized assembly against the template the environment runs now, in serving terms.
 
     python -m cli.preview CONFIG --assembly DIR [--template FILE] [--allow-replacement]
 
-The CDK CLI's own diff of the synthesized assembly (make preview synthesizes it first) against the
+`make preview` and `make deploy` run this through `cli/deploy.py`, which synthesizes the assembly
+as the deploy does. The CDK CLI's own diff of the assembly against the
 template the environment runs now: read from CloudFormation (`cloudformation:GetTemplate`, with
 your credentials), or, offline, from --template. Then what the diff cannot say: what holds state
 and would be replaced, which phase loses its nodes, which RayService rollout happens, who gains or
@@ -92,6 +93,33 @@ def preview(config, *, assembly: Path, old: dict, source: str) -> tuple[str, Any
     return diff, summarize(old, new, cdk_diff.parse(diff), config=config)
 
 
+def read_template_file(path: Path) -> dict:
+    if not path.is_file():
+        raise PreviewRefused(f"--template {path}: no such file")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PreviewRefused(f"--template {path} is not a JSON template: {error}") from None
+
+
+def print_summary(config, diff: str, summary: Any, *, summary_only: bool, allow: bool) -> int:
+    """Prints the diff (unless ``summary_only``) and the serving summary; the exit status it calls for."""
+    if not summary_only:
+        print(diff.rstrip())
+        print()
+    print(f"What `make deploy` would do to {config.stack_name}:")
+    for line in summary.lines():
+        print(f"  {line}")
+    if summary.needs_confirmation and not allow:
+        print(
+            "\nThis deploy replaces or removes something that holds state (above). If that is intended, deploy "
+            "with ALLOW_REPLACEMENT=1.",
+            file=sys.stderr,
+        )
+        return NEEDS_CONFIRMATION
+    return 0
+
+
 def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
     parser = ArgumentParser(prog="python -m cli.preview", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
@@ -103,49 +131,20 @@ def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
         "--allow-replacement", action="store_true", help="exit 0 even when something that holds state is replaced"
     )
     parser.add_argument("--summary-only", action="store_true", help="print the serving summary without the CDK diff")
-    parser.add_argument(
-        "--new-stack-ok",
-        action="store_true",
-        help="a stack not deployed yet is a first deploy, not an error (make deploy)",
-    )
     args = parser.parse_args(argv)
     config = load_config_or_exit(args.config)
     try:
         if args.template is not None:
-            if not args.template.is_file():
-                raise PreviewRefused(f"--template {args.template}: no such file")
-            try:
-                old = json.loads(args.template.read_text())
-            except json.JSONDecodeError as error:
-                raise PreviewRefused(f"--template {args.template} is not a JSON template: {error}") from None
+            old = read_template_file(args.template)
             source = str(args.template)
         else:
             old = template_from_cloudformation(config.stack_name, config.aws.region, cloudformation)
             source = f"the deployed {config.stack_name}"
         diff, summary = preview(config, assembly=args.assembly, old=old, source=source)
-    except NoDeployYet as first:
-        if args.new_stack_ok:
-            print(f"First deploy of {config.stack_name}: every resource is created.")
-            return 0
-        print(f"preview: {first}", file=sys.stderr)
-        return 2
     except (PreviewRefused, cdk_diff.DiffError) as refused:
         print(f"preview: {refused}", file=sys.stderr)
         return 2
-    if not args.summary_only:
-        print(diff.rstrip())
-        print()
-    print(f"What `make deploy` would do to {config.stack_name}:")
-    for line in summary.lines():
-        print(f"  {line}")
-    if summary.needs_confirmation and not args.allow_replacement:
-        print(
-            "\nThis deploy replaces or removes something that holds state (above). If that is intended, deploy "
-            "with ALLOW_REPLACEMENT=1.",
-            file=sys.stderr,
-        )
-        return NEEDS_CONFIRMATION
-    return 0
+    return print_summary(config, diff, summary, summary_only=args.summary_only, allow=args.allow_replacement)
 
 
 if __name__ == "__main__":

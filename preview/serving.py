@@ -13,6 +13,7 @@ from consumers.template import manifests
 from kuberay.oracle import cluster_spec_hash
 from manifests.contract import PHASE_LABEL
 from preview.cdk_diff import ResourceChange
+from preview.spec import nested_replacements
 
 # What is lost when CloudFormation replaces (creates anew, then deletes) or removes each.
 STATEFUL = {
@@ -40,6 +41,7 @@ class Preview:
     warnings: list[str] = field(default_factory=list)
     cost: str = ""
     other: int = 0
+    changes: list[ResourceChange] = field(default_factory=list)  # the CLI's, nested replacements marked
 
     @property
     def needs_confirmation(self) -> bool:
@@ -105,12 +107,63 @@ def _price(instance_types: list[str]) -> float | None:
     return facts[0].price_per_hour if facts and facts[0] else None
 
 
-def _group_cost(template: dict) -> float:
+def node_group_sizes(template: dict) -> dict[str, int]:
+    """Each node group's size as the template last set it (its DesiredSize, or, once the template leaves
+    the size to Cluster Autoscaler, its MinSize): offline, the best guess of the size it has now."""
+    sizes = {}
+    for group in _resources(template, "AWS::EKS::Nodegroup").values():
+        scaling = group.get("Properties", {}).get("ScalingConfig") or {}
+        size = scaling.get("DesiredSize", scaling.get("MinSize"))
+        if isinstance(size, int):
+            sizes[_group_name(group)] = size
+    return sizes
+
+
+def access_entry_ids(template: dict) -> dict[str, str]:
+    """Principal ARN -> the logical id of its access entry, for the entries that name an ARN."""
+    return {
+        principal: logical_id
+        for logical_id, entry in _resources(template, "AWS::EKS::AccessEntry").items()
+        if isinstance(principal := entry.get("Properties", {}).get("PrincipalArn"), str)
+    }
+
+
+def creator_is_admin(template: dict) -> bool:
+    """The template's cluster leaves its creator (CloudFormation's execution role) a cluster admin."""
+    for cluster in _resources(template, "AWS::EKS::Cluster").values():
+        access = cluster.get("Properties", {}).get("AccessConfig") or {}
+        return access.get("BootstrapClusterCreatorAdminPermissions", True) is not False
+    return False
+
+
+def placement_group_tags(template: dict) -> dict[str, str] | None:
+    """The tags of the template's placement group, when it has literal ones."""
+    for group in _resources(template, "AWS::EC2::PlacementGroup").values():
+        tags = group.get("Properties", {}).get("Tags") or []
+        if tags and all(isinstance(t.get("Key"), str) and isinstance(t.get("Value"), str) for t in tags):
+            return {t["Key"]: t["Value"] for t in tags}
+    return None
+
+
+def replaced_node_groups(new: dict, changes: list[ResourceChange]) -> list[str]:
+    """The node groups the CDK CLI's diff says this deploy replaces (or may replace)."""
+    groups = _resources(new, "AWS::EKS::Nodegroup")
+    return sorted(
+        _group_name(groups[c.logical_id])
+        for c in changes
+        if c.logical_id in groups and c.op == "~" and (c.replaced or c.may_be_replaced)
+    )
+
+
+def _group_cost(template: dict, other: dict) -> float:
+    """What the node groups cost per hour at their sizes; a group whose size the template leaves to the
+    autoscaler is priced at the size the other template gives it."""
     total = 0.0
+    other_sizes = node_group_sizes(other)
     for group in _resources(template, "AWS::EKS::Nodegroup").values():
         props = group.get("Properties", {})
         scaling = props.get("ScalingConfig") or {}
-        size = scaling.get("DesiredSize", scaling.get("MinSize", 0))
+        size = scaling.get("DesiredSize", other_sizes.get(_group_name(group), scaling.get("MinSize", 0)))
         total += (_price(props.get("InstanceTypes") or []) or 0.0) * size
     return total
 
@@ -185,12 +238,20 @@ def _node_lines(old: dict, new: dict, changes: dict[str, ResourceChange], previe
         ]
         if bounds:
             preview.nodes.append(f"{name}: scaling bounds {', '.join(bounds)}; no node is replaced")
-        if old_scaling.get("DesiredSize") != new_scaling.get("DesiredSize"):
-            preview.warnings.append(
-                f"{name}: DesiredSize {old_scaling.get('DesiredSize')} -> {new_scaling.get('DesiredSize')}: EKS resizes "
-                "the group to it at once, terminating nodes Cluster Autoscaler added above it while they serve"
+        before_size, after_size = old_scaling.get("DesiredSize"), new_scaling.get("DesiredSize")
+        resized = before_size != after_size
+        if after_size is None and before_size is not None:
+            preview.nodes.append(
+                f"{name}: the template stops setting DesiredSize ({before_size}): EKS keeps the group's size, which "
+                "Cluster Autoscaler owns from now on; no node is added or removed for it"
             )
-        if not (rolling or bounds) and change:
+        elif after_size is not None and after_size != before_size:
+            preview.warnings.append(
+                f"{name}: DesiredSize {'unset' if before_size is None else before_size} -> {after_size}: EKS resizes "
+                "the group to it at once, terminating nodes above it while they serve (the group's size now is "
+                "outside the new min_size..max_size)"
+            )
+        if not (rolling or bounds or resized) and change:
             props = ", ".join(change.properties) or "metadata"
             preview.nodes.append(f"{name}: updated in place ({props}); no node is replaced")
 
@@ -284,6 +345,20 @@ def _access_lines(old: dict, new: dict, changes: dict[str, ResourceChange], prev
             )
 
 
+def _creator_admin_line(new: dict, preview: Preview, config: Any) -> None:
+    if not creator_is_admin(new):
+        return
+    cluster = config.cluster_name if config is not None else "<cluster>"
+    account = config.aws.account if config is not None else "<account>"
+    region = config.aws.region if config is not None else "<region>"
+    preview.warnings.append(
+        "the cluster was created with its creator as an admin: CloudFormation's execution role holds a "
+        "cluster-admin access entry outside the stack (it can only be turned off at creation); remove it with "
+        f"`aws eks delete-access-entry --cluster-name {cluster} --region {region} --principal-arn "
+        f"arn:aws:iam::{account}:role/cdk-hnb659fds-cfn-exec-role-{account}-{region}` (the default bootstrap's role)"
+    )
+
+
 def _chart_lines(old: dict, new: dict, preview: Preview) -> None:
     def versions(template: dict) -> dict[str, str]:
         return {
@@ -306,8 +381,27 @@ def _where(change: ResourceChange) -> str:
     return f" ({change.path})" if change.path else ""
 
 
+def mark_nested_replacements(old: dict, new: dict, changes: list[ResourceChange]) -> None:
+    """Marks the updates that a nested property turns into a replacement (``preview/spec.py``), which the
+    CLI's diff shows as plain updates."""
+    old_resources, new_resources = old.get("Resources", {}), new.get("Resources", {})
+    for change in changes:
+        if change.op != "~" or change.replaced:
+            continue
+        nested = nested_replacements(
+            change.type,
+            old_resources.get(change.logical_id, {}).get("Properties", {}),
+            new_resources.get(change.logical_id, {}).get("Properties", {}),
+        )
+        if nested:
+            change.properties.update(nested)
+            worst = "replace" if "replace" in nested.values() else "may be replaced"
+            change.impact = f"{worst} (nested: {', '.join(sorted(nested))}, by CloudFormation's resource specification)"
+
+
 def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: Any = None) -> Preview:
-    preview = Preview()
+    mark_nested_replacements(old, new, changes)
+    preview = Preview(changes=changes)
     by_id = {c.logical_id: c for c in changes}
     old_resources = old.get("Resources", {})
     for change in changes:
@@ -329,10 +423,11 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
     _control_plane_lines(old, new, preview)
     _ray_service_lines(old, new, preview, config)
     _access_lines(old, new, by_id, preview)
+    _creator_admin_line(new, preview, config)
     _chart_lines(old, new, preview)
     explained = {"AWS::EKS::Nodegroup", "AWS::EKS::AccessEntry", "Custom::AWSCDK-EKS-HelmChart", *STATEFUL}
     preview.other = sum(1 for c in changes if c.type not in explained and not c.path.endswith(RAY_SERVICE_PATH))
-    before, after = _group_cost(old), _group_cost(new)
+    before, after = _group_cost(old, new), _group_cost(new, old)
     if round(before, 4) != round(after, 4):
         preview.cost = f"node groups ${before:.2f} -> ${after:.2f} (at their desired sizes, on-demand)"
     return preview

@@ -56,7 +56,7 @@ def test_a_deployed_stack_with_no_edit_previews_no_change(dev_assembly, capsys):
     assert "There were no differences" in out and "No change." in out
 
 
-def test_no_deploy_yet_is_one_line_and_a_first_deploy_for_make_deploy(dev_assembly, capsys):
+def test_no_deploy_yet_is_one_line(dev_assembly, capsys):
     client, _ = cloudformation(recorded("preview-no-stack"))
     assert cli_preview.main([DEV, "--assembly", str(dev_assembly)], cloudformation=client) == 2
     err = capsys.readouterr().err.strip()
@@ -64,9 +64,6 @@ def test_no_deploy_yet_is_one_line_and_a_first_deploy_for_make_deploy(dev_assemb
         "preview: no deploy of pd-dev-pd-serving yet in us-east-2: there is nothing to compare with; "
         "`make deploy` creates it"
     )
-    client, _ = cloudformation(recorded("preview-no-stack"))
-    assert cli_preview.main([DEV, "--assembly", str(dev_assembly), "--new-stack-ok"], cloudformation=client) == 0
-    assert "First deploy of pd-dev-pd-serving" in capsys.readouterr().out
 
 
 def test_a_template_of_another_environment_is_refused_in_one_line(dev_assembly, synthesized, capsys):

@@ -55,6 +55,16 @@ def _gated(data: dict) -> None:
 CATALOG = [
     Edit("scale-max", "raise decode's max_size", _set("cluster.gpu_node_groups.decode.max_size", 4)),
     Edit("desired-size", "change decode's desired size", _set("cluster.gpu_node_groups.decode.desired_size", 2)),
+    Edit(
+        "shrink-max",
+        "lower decode's max_size below the size it has",
+        _all(
+            _set("cluster.gpu_node_groups.decode.max_size", 1), _set("cluster.gpu_node_groups.decode.desired_size", 1)
+        ),
+        before=_all(
+            _set("cluster.gpu_node_groups.decode.max_size", 3), _set("cluster.gpu_node_groups.decode.desired_size", 2)
+        ),
+    ),
     Edit("add-admin", "add an admin principal", _set("cluster.admin_principals", [ADMIN_A])),
     Edit(
         "remove-first-admin",
@@ -83,6 +93,7 @@ CATALOG = [
         "turn on the internal NLB",
         _set("ray_service.endpoint", {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}),
     ),
+    Edit("cost-tag", "add a cost tag", _set("tags.cost-center", "ml-42")),
     Edit(
         "gpu-instance-type",
         "change decode's GPU instance type",

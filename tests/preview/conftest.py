@@ -38,26 +38,51 @@ class Rehearsal:
         return [c for c in self.changes if c.type == kind]
 
 
-@pytest.fixture(scope="session")
-def rehearse(synthesized, variant):
-    """Synthesizes ``before`` and ``after`` (named variants; "dev" is the shipped config) and previews
-    the deploy of ``after`` over ``before``, as `make preview TEMPLATE=` does."""
-    from cli.preview import preview
-    from preview import cdk_diff
+def deployed_facts(data: dict):
+    """The deploy facts of a stack already deployed from ``data``: each node group exists, at the size
+    the config started it with (no autoscaling since)."""
+    from config.loader import parse_config
+    from config.schema import DeployFacts
 
-    def build(name: str, data: dict | None):
-        if data is None:
-            config, stack, _, _, outdir = synthesized(name)
-            return config, Path(outdir)
-        stack, _, outdir = variant(name, data)
+    config = parse_config(data, source="rehearsal")
+    groups = config.cluster.gpu_node_groups
+    sizes = {"system": config.cluster.system_node_group.desired_size}
+    sizes.update({phase: getattr(groups, phase).desired_size for phase in ("prefill", "decode")})
+    return DeployFacts.model_validate({"node_group_sizes": sizes})
+
+
+@pytest.fixture(scope="session")
+def rehearse(variant):
+    """Two deploys in a row, as `make deploy` makes them. ``before`` (a named variant; data None: the
+    shipped dev config) is synthesized as the stack stands after its deploy, its node groups existing;
+    ``after`` with the facts the guard would read from that stack (the node groups' sizes), and once
+    more when the diff replaces a node group. Returns the preview of ``after`` over ``before``, as
+    `make preview TEMPLATE=` prints it."""
+    from cli.deploy import facts_from_deployed, facts_with_replacements
+    from cli.preview import preview
+
+    def build(name: str, data: dict, facts):
+        stack, _, outdir = variant(name, data, facts)
         return stack.config, Path(outdir)
 
+    def template(config, folder: Path) -> dict:
+        return json.loads((folder / f"{config.stack_name}.template.json").read_text())
+
     def run(before: tuple[str, dict | None], after: tuple[str, dict | None] | tuple[object, Path]) -> Rehearsal:
-        before_config, before_dir = build(*before)
-        after_config, after_dir = after if isinstance(after[1], Path) else build(*after)
-        old = json.loads((before_dir / f"{before_config.stack_name}.template.json").read_text())
-        new = json.loads((after_dir / f"{after_config.stack_name}.template.json").read_text())
+        before_name, before_data = before[0], before[1] if before[1] is not None else dev()
+        before_config, before_dir = build(f"{before_name}-deployed", before_data, deployed_facts(before_data))
+        old = template(before_config, before_dir)
+        facts = facts_from_deployed(deployed_facts(before_data), old)
+        if isinstance(after[1], Path):
+            after_config, after_dir = after
+        else:
+            after_config, after_dir = build(f"{after[0]}-redeploy", after[1], facts)
         diff, summary = preview(after_config, assembly=after_dir, old=old, source="the template before the edit")
-        return Rehearsal(before_config, after_config, old, new, diff, cdk_diff.parse(diff), summary)
+        again = facts_with_replacements(facts, template(after_config, after_dir), summary.changes)
+        if again is not None and not isinstance(after[1], Path):
+            after_config, after_dir = build(f"{after[0]}-redeploy-replacing", after[1], again)
+            diff, summary = preview(after_config, assembly=after_dir, old=old, source="the template before the edit")
+        new = template(after_config, after_dir)
+        return Rehearsal(before_config, after_config, old, new, diff, summary.changes, summary)
 
     return run

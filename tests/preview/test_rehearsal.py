@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.preview.catalog import ADMIN_A, CATALOG
+from tests.preview.catalog import ADMIN_A, ADMIN_B, CATALOG
 
 NODE_TYPES = {"AWS::EKS::Nodegroup", "AWS::EC2::LaunchTemplate"}
 
@@ -38,18 +38,19 @@ EXPECT = {
         nodes=True,
         changed_types={"AWS::EKS::Nodegroup", "Custom::AWSCDK-EKS-KubernetesResource"},
     ),
+    # desired_size only sizes a group when it is created; once it exists the autoscaler owns its size.
     "desired-size": Expected(
-        ("Cost per hour: node groups $4.23 -> $6.24",),
+        ("worker replica bounds: no rollout, no model load",), changed_types={"Custom::AWSCDK-EKS-KubernetesResource"}
+    ),
+    "shrink-max": Expected(
+        ("decode: scaling bounds max 3 -> 1; no node is replaced",),
         nodes=True,
-        warnings=("decode: DesiredSize 1 -> 2: EKS resizes the group to it at once",),
+        warnings=("decode: DesiredSize unset -> 1: EKS resizes the group to it at once",),
+        changed_types={"AWS::EKS::Nodegroup", "Custom::AWSCDK-EKS-KubernetesResource"},
     ),
     "add-admin": Expected((f"gains cluster admin: {ADMIN_A}",), changed_types={"AWS::EKS::AccessEntry"}),
-    "remove-first-admin": Expected(
-        (f"loses cluster admin: {ADMIN_A}",),
-        warnings=("EKS refuses a second entry for the same principal, and the update rolls back",),
-        replaced_ok=("AWS::EKS::AccessEntry",),
-        changed_types={"AWS::EKS::AccessEntry"},
-    ),
+    # Entries are keyed by principal: the second admin's entry stays where it is.
+    "remove-first-admin": Expected((f"loses cluster admin: {ADMIN_A}",), changed_types={"AWS::EKS::AccessEntry"}),
     "change-model": Expected((IN_PLACE,)),
     "max-model-len": Expected((IN_PLACE,), changed_types={"Custom::AWSCDK-EKS-KubernetesResource"}),
     "chart-bump": Expected(
@@ -66,6 +67,9 @@ EXPECT = {
     "mirror-dev": Expected(("other resource(s) change",)),
     "gated": Expected((NEW_CLUSTER, "secrets-store-csi-driver 1.6.0: installed")),
     "internal-nlb": Expected(("aws-load-balancer-controller 3.2.2: installed", "no rollout, no model load")),
+    # The launch templates carry the tags to instances, volumes and interfaces: a new version rolls the
+    # nodes one at a time. The placement group carries none (its tags would replace it).
+    "cost-tag": Expected(("prefill: nodes rolled one at a time (its launch template)",), nodes=True),
     "gpu-instance-type": Expected(
         ("REPLACED: AWS::EKS::Nodegroup", "decode: nodes replaced (InstanceTypes)", NEW_CLUSTER),
         nodes=True,
@@ -107,18 +111,89 @@ def test_every_edit_of_the_catalog_has_its_expectation():
     assert len(CATALOG) + 1 >= 14  # with the serve_app code change below
 
 
-def test_a_serve_app_code_change_rolls_the_app_in_place_with_dev_rollout(rehearse, tmp_path, monkeypatch):
+def test_a_serve_app_code_change_rolls_the_app_in_place_with_dev_rollout(rehearse, variant, tmp_path, monkeypatch):
     """serve_app's code is an asset whose hash is in the RayService's working_dir: dev rolls out
     in_place, so Serve redeploys the app on the running cluster (prod's new_cluster: see
     tests/manifests/test_rollout.py)."""
     from cdk_constructs import ray_service as ray_service_construct
     from tests.conftest import synth_variant
-    from tests.preview.conftest import dev
+    from tests.preview.conftest import deployed_facts, dev
 
+    variant("dev-deployed", dev(), deployed_facts(dev()))  # the stack as deployed, before the code changes
     code = tmp_path / "serve_app"
     shutil.copytree(ray_service_construct.SERVE_APP_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
     (code / "app.py").write_text((code / "app.py").read_text() + "\n# a code change\n")
     monkeypatch.setattr(ray_service_construct, "SERVE_APP_DIR", code)
-    stack, _ = synth_variant(tmp_path, dev(), "code-change")
+    stack, _ = synth_variant(tmp_path, dev(), "code-change", deployed_facts(dev()))
     rehearsal = rehearse(("dev", None), (stack.config, tmp_path / "code-change-out"))
     assert_only_what_the_edit_is_about(rehearsal, Expected((IN_PLACE,)))
+
+
+def test_a_replaced_node_group_starts_at_the_size_the_old_one_has(rehearse):
+    """A create needs a size: the replacement of decode's group starts where the autoscaler had it,
+    the groups it does not replace still leave their size to the autoscaler."""
+    (edit,) = [e for e in CATALOG if e.name == "gpu-instance-type"]
+    rehearsal = rehearse(edit.before_data(), edit.after_data())
+    from manifests.contract import PHASE_LABEL
+
+    sizes = {
+        group["Properties"]["Labels"].get(PHASE_LABEL, "system"): group["Properties"]["ScalingConfig"].get(
+            "DesiredSize"
+        )
+        for group in rehearsal.after.get("Resources", {}).values()
+        if group["Type"] == "AWS::EKS::Nodegroup"
+    }
+    assert sizes == {"system": None, "prefill": None, "decode": 1}
+
+
+def test_the_first_deploy_after_the_first_hands_the_sizes_to_the_autoscaler(variant):
+    """A stack deployed before (every group with its DesiredSize) deployed again: the template stops
+    setting the sizes, which CloudFormation takes as no change to them; nothing else moves."""
+    import json
+    from pathlib import Path
+
+    from cli.preview import preview
+    from tests.preview.conftest import deployed_facts, dev
+
+    first_stack, _, first_dir = variant("dev-first-deploy", dev())
+    old = json.loads((Path(first_dir) / f"{first_stack.config.stack_name}.template.json").read_text())
+    stack, _, outdir = variant("dev-deployed", dev(), deployed_facts(dev()))
+    diff, summary = preview(stack.config, assembly=Path(outdir), old=old, source="the first deploy")
+    changes = summary.changes
+    assert {c.type for c in changes} == {"AWS::EKS::Nodegroup"}, diff
+    assert all(c.op == "~" and not (c.replaced or c.may_be_replaced) for c in changes), diff
+    assert summary.warnings == [] and not summary.needs_confirmation
+    stopped = [line for line in summary.nodes if "the template stops setting DesiredSize" in line]
+    assert len(stopped) == 3, summary.nodes
+
+
+# What the stack deployed while entries were keyed by their position in the list (Admin0, Admin1).
+POSITIONAL_ENTRY_IDS = {ADMIN_A: "EksClusterAdmin06BF8452E", ADMIN_B: "EksClusterAdmin1E23D5C9A"}
+
+
+def test_removing_the_first_admin_of_a_positionally_keyed_stack_moves_no_entry(variant):
+    """A stack deployed with the old, positional ids: each principal keeps the logical id its entry
+    has (the deploy reads them from the deployed template), so only the removed admin's entry goes."""
+    import json
+    from pathlib import Path
+
+    from cli.deploy import facts_from_deployed
+    from cli.preview import preview
+    from config.schema import DeployFacts
+    from tests.preview.conftest import deployed_facts
+
+    (edit,) = [e for e in CATALOG if e.name == "remove-first-admin"]
+    before_name, before_data = edit.before_data()
+    legacy = deployed_facts(before_data).model_copy(update={"access_entry_ids": POSITIONAL_ENTRY_IDS})
+    stack, _, before_dir = variant(f"{before_name}-positional", before_data, legacy)
+    old = json.loads((Path(before_dir) / f"{stack.config.stack_name}.template.json").read_text())
+    assert {k for k, r in old["Resources"].items() if r["Type"] == "AWS::EKS::AccessEntry"} >= set(
+        POSITIONAL_ENTRY_IDS.values()
+    )
+    after_name, after_data = edit.after_data()
+    facts = facts_from_deployed(DeployFacts.model_validate({"node_group_sizes": legacy.node_group_sizes}), old)
+    after_stack, _, after_dir = variant(f"{after_name}-over-positional", after_data, facts)
+    diff, summary = preview(after_stack.config, assembly=Path(after_dir), old=old, source="the positional stack")
+    changes = summary.changes
+    assert [(c.op, c.logical_id) for c in changes] == [("-", POSITIONAL_ENTRY_IDS[ADMIN_A])], diff
+    assert summary.warnings == [] and summary.access == [f"loses cluster admin: {ADMIN_A}"]

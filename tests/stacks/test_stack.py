@@ -97,6 +97,26 @@ def test_tags_from_config_reach_resources(synthesized):
     )
 
 
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_no_tag_edit_replaces_a_resource(synthesized, env):
+    """A resource whose Tags cannot change in place (CloudFormation's resource specification, the CDK
+    CLI's copy) carries no stack tag, so a cost-tag edit never replaces one."""
+    from app import TAGS_REPLACE
+    from preview.spec import _spec
+
+    properties_of, _ = _spec()
+    _, _, template, _, _ = synthesized(env)
+    resources = template.to_json()["Resources"]
+    replaced_by_tags = {
+        r["Type"]
+        for r in resources.values()
+        if (properties_of.get(r["Type"], {}).get("Tags") or {}).get("causesReplacement")
+    }
+    assert replaced_by_tags <= set(TAGS_REPLACE)
+    assert "AWS::EC2::PlacementGroup" in replaced_by_tags
+    assert all("Tags" not in r.get("Properties", {}) for r in resources.values() if r["Type"] in TAGS_REPLACE)
+
+
 def _clean_env(tmp_path) -> dict[str, str]:
     """The environment of a machine with no AWS credentials or config at all."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

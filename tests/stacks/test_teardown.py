@@ -128,3 +128,85 @@ def test_cloudwatch_logs_may_use_the_log_key_for_this_accounts_groups_only(synth
         if s.get("Principal", {}).get("Service") == f"logs.{config.aws.region}.amazonaws.com"
     ]
     assert "kms:EncryptionContext:aws:logs:arn" in json.dumps(logs_statement["Condition"]["ArnLike"])
+
+
+def _fixed_name(value, cluster_logical_id: str, cluster_name: str) -> str | None:
+    """A name as it is at deploy time when it is fixed: a string, or a join of strings and the cluster's
+    name (its Ref); None for a name CloudFormation or another resource makes up."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        resolved = [
+            part if isinstance(part, str) else cluster_name if part == {"Ref": cluster_logical_id} else None
+            for part in parts
+        ]
+        return None if None in resolved else separator.join(resolved)
+    return None
+
+
+REDEPLOY_CASES = [*SHIPPED_ENVIRONMENTS, "mirror-prod", "mirror-dev", "cloudwatch"]
+
+
+@pytest.mark.parametrize("case", REDEPLOY_CASES)
+def test_what_a_destroy_leaves_is_taken_back_or_found_before_the_next_create(synthesized, variant, case):
+    """Destroy, then deploy again: a resource that outlives the stack under a fixed name fails the next
+    create. The only one the stack keeps is the model mirror, which CloudFormation can import (its name
+    is a plain string, its DeletionPolicy Retain) and the guard finds; every log group created under a
+    name a service also writes to is one the guard checks before CloudFormation starts."""
+    from manifests.observability import fixed_log_groups
+    from tests.stacks.test_template_policies import _variants
+
+    if case in SHIPPED_ENVIRONMENTS:
+        config, _, template, _, _ = synthesized(case)
+    else:
+        stack, template, _ = variant(case, _variants()[case])
+        config = stack.config
+    resources = template.to_json()["Resources"]
+    (cluster_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::EKS::Cluster"]
+
+    kept = {k: r for k, r in resources.items() if r.get("DeletionPolicy") in ("Retain", "RetainExceptOnCreate")}
+    if config.model_mirror.enabled and config.mirror_kept_on_destroy:
+        (bucket,) = kept.values()
+        assert bucket["Type"] == "AWS::S3::Bucket" and bucket["DeletionPolicy"] == "Retain"
+        assert bucket["Properties"]["BucketName"] == config.mirror_bucket  # static: importable
+    else:
+        assert kept == {}
+
+    named_log_groups = {
+        _fixed_name(r["Properties"].get("LogGroupName"), cluster_id, config.cluster_name)
+        for r in resources.values()
+        if r["Type"] == "AWS::Logs::LogGroup"
+    } - {None}
+    assert named_log_groups == set(fixed_log_groups(config.cluster_name, config.observability.backend))
+
+
+def test_the_kept_mirror_is_found_and_imported_by_the_next_deploy():
+    """The guard's answer for a destroyed prod stack whose mirror was kept (recorded S3 answer), and
+    what `make deploy` does with it."""
+    from pathlib import Path
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from cli import deploy as cli_deploy
+    from cli import deploy_guard
+    from config.loader import parse_config
+    from tests.stacks.test_template_policies import _variants
+
+    config = parse_config(_variants()["mirror-prod"], source="prod.yaml")
+    credentials = {"aws_access_key_id": "recorded", "aws_secret_access_key": "recorded"}
+    s3 = boto3.client("s3", region_name=config.aws.region, **credentials)
+    logs = boto3.client("logs", region_name=config.aws.region, **credentials)
+    with Stubber(s3) as s3_answers, Stubber(logs) as logs_answers:
+        s3_answers.add_response(
+            "head_bucket", {}, {"Bucket": config.mirror_bucket, "ExpectedBucketOwner": config.aws.account}
+        )
+        for name in ("/aws/eks/pd-prod/cluster", "/aws/vendedlogs/prometheus/pd-prod/scraper"):
+            logs_answers.add_response("describe_log_groups", {"logGroups": []}, {"logGroupNamePrefix": name})
+        errors, warnings, to_import = deploy_guard.left_behind_findings(config, "prod.yaml", s3=s3, logs=logs)
+    assert errors == [] and warnings == []
+    assert to_import == [
+        f"the model mirror bucket {config.mirror_bucket} (kept by the last destroy): imported with its objects"
+    ]
+    assert "--import-existing-resources" in cli_deploy.deploy_command(Path("cdk.out"), import_existing=bool(to_import))

@@ -1,0 +1,219 @@
+"""`make deploy` and `make preview`: the guard, the synth, the preview in serving terms, then cdk deploy.
+
+    python -m cli.deploy CONFIG [--preview-only] [--template FILE] [--allow-replacement]
+
+1. The deploy guard (`cli/deploy_guard.py`) checks the config, then your credentials, and reads what
+   the stack is now: among others, the size each existing node group has (Cluster Autoscaler's).
+2. The stack is synthesized with those facts: an existing node group's template leaves its
+   DesiredSize out, so the deploy never resizes a group the autoscaler grew.
+3. The CDK CLI's diff against the deployed template, read in serving terms (`cli/preview.py`).
+   A node group the diff says is replaced is created anew, which needs a size: the stack is
+   synthesized again with the new group starting at the old one's size, and previewed again.
+4. Unless --preview-only: `cdk deploy` of exactly that assembly, importing resources a destroy kept
+   (the guard names them) with --import-existing-resources.
+
+--template FILE previews offline against a saved template: no guard, no credentials; the node
+groups' sizes are the template's. Exits 2 on a refusal, 3 when something that holds state would be
+replaced or removed and --allow-replacement does not say that is intended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cli import deploy_guard
+from cli.args import ArgumentParser
+from cli.preview import (
+    NoDeployYet,
+    PreviewRefused,
+    preview,
+    print_summary,
+    read_template_file,
+    template_from_cloudformation,
+)
+from config.loader import load_config_or_exit
+from config.schema import DeployFacts
+from preview import cdk_diff
+from preview.serving import (
+    access_entry_ids,
+    creator_is_admin,
+    node_group_sizes,
+    placement_group_tags,
+    replaced_node_groups,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CDK = ROOT / "node_modules" / ".bin" / "cdk"
+CDK_QUIET = ("--no-notices", "--no-version-reporting")
+
+
+class SynthFailed(Exception):
+    """The CDK app refused the config (its own message is already on stderr)."""
+
+
+@dataclass
+class Plan:
+    """What one deploy is: the facts it was synthesized with, the preview, what it imports."""
+
+    facts: DeployFacts
+    summary: Any = None
+    diff: str = ""
+    first_deploy: bool = False
+    to_import: list[str] = field(default_factory=list)
+
+
+def synthesize(config_path: str, facts: DeployFacts, outdir: Path, *, cdk: Path = DEFAULT_CDK) -> None:
+    """`cdk synth` of the config with these deploy facts into ``outdir``, as app.py reads them."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    facts_file = outdir.parent / ".deploy-facts.json"
+    facts_file.write_text(json.dumps(facts.model_dump(exclude_defaults=True)))
+    command = [
+        str(cdk),
+        "synth",
+        "--app",
+        f"{sys.executable} app.py",
+        "-c",
+        f"config={config_path}",
+        "-c",
+        f"deploy_facts={facts_file.resolve()}",
+        "--output",
+        str(outdir),
+        "--quiet",
+        *CDK_QUIET,
+    ]
+    environment = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+    if subprocess.run(command, cwd=ROOT, env=environment, check=False).returncode != 0:
+        raise SynthFailed(config_path)
+
+
+def facts_with_replacements(facts: DeployFacts, new_template: dict, changes: list) -> DeployFacts | None:
+    """The facts to synthesize again with, when the diff replaces an existing node group that the
+    template leaves unsized (a create needs a size); None when the synthesized template stands."""
+    replaced = [
+        group
+        for group in replaced_node_groups(new_template, changes)
+        if group in facts.node_group_sizes and group not in facts.replaced_node_groups
+    ]
+    if not replaced:
+        return None
+    return facts.model_copy(update={"replaced_node_groups": sorted({*facts.replaced_node_groups, *replaced})})
+
+
+def plan(config, config_path: str, *, outdir: Path, old: dict | None, facts: DeployFacts, cdk: Path) -> Plan:
+    """Synthesizes with ``facts`` and previews against ``old`` (None: a first deploy), synthesizing
+    once more when a node group is replaced."""
+    synthesize(config_path, facts, outdir, cdk=cdk)
+    if old is None:
+        return Plan(facts=facts, first_deploy=True)
+    diff, summary = preview(config, assembly=outdir, old=old, source=f"the deployed {config.stack_name}")
+    new = json.loads((outdir / f"{config.stack_name}.template.json").read_text())
+    again = facts_with_replacements(facts, new, summary.changes)
+    if again is not None:
+        print(
+            f"replaced node group(s) {', '.join(again.replaced_node_groups)} start at their current size: synthesizing again"
+        )
+        synthesize(config_path, again, outdir, cdk=cdk)
+        diff, summary = preview(config, assembly=outdir, old=old, source=f"the deployed {config.stack_name}")
+        facts = again
+    return Plan(facts=facts, summary=summary, diff=diff)
+
+
+def facts_from_deployed(facts: DeployFacts, old: dict) -> DeployFacts:
+    """What the deployed template itself tells the synth: what it holds that cannot change in place
+    (how the cluster was created, the placement group's tags) and the logical id of each
+    principal's access entry."""
+    return facts.model_copy(
+        update={
+            "access_entry_ids": access_entry_ids(old),
+            "cluster_has_bootstrap_admin": creator_is_admin(old),
+            "placement_group_tags": placement_group_tags(old),
+        }
+    )
+
+
+def offline_facts(old: dict) -> DeployFacts:
+    """Without credentials, the saved template says which node groups exist, and its sizes stand in for
+    theirs."""
+    sizes = {name: size for name, size in node_group_sizes(old).items() if name in ("system", "prefill", "decode")}
+    return facts_from_deployed(DeployFacts.model_validate({"node_group_sizes": sizes}), old)
+
+
+def deploy_command(outdir: Path, *, cdk: Path = DEFAULT_CDK, import_existing: bool = False) -> list[str]:
+    command = [str(cdk), "deploy", "--app", str(outdir), *CDK_QUIET, "--require-approval", "broadening"]
+    if import_existing:
+        command.append("--import-existing-resources")
+    return [*command, "--progress", "events"]
+
+
+def guarded_facts(config, config_path: str) -> tuple[DeployFacts, list[str]]:
+    """The guard's verdict: the facts and the resources to import; raises SystemExit(2) on a refusal."""
+    try:
+        verdict = deploy_guard.check(config, config_path, **deploy_guard.aws_clients(config.aws.region))
+    except Exception as exc:  # noqa: BLE001 - no credentials, no network: say so in one line
+        print(f"cannot check the deployment with your AWS credentials: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if deploy_guard.report(verdict) != 0:
+        raise SystemExit(2)
+    return verdict.facts, list(getattr(verdict, "to_import", []))
+
+
+def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
+    parser = ArgumentParser(prog="python -m cli.deploy", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
+    parser.add_argument("--preview-only", action="store_true", help="stop after the preview (make preview)")
+    parser.add_argument(
+        "--template", type=Path, help="preview against a saved template (offline: no guard, no credentials)"
+    )
+    parser.add_argument(
+        "--allow-replacement", action="store_true", help="deploy even when something that holds state is replaced"
+    )
+    parser.add_argument("--outdir", type=Path, default=Path("cdk.out"), help="the cloud assembly's folder")
+    parser.add_argument("--cdk", type=Path, default=DEFAULT_CDK, help="the CDK CLI")
+    parser.add_argument("--summary-only", action="store_true", help="print the serving summary without the CDK diff")
+    args = parser.parse_args(argv)
+    if args.template is not None and not args.preview_only:
+        parser.error("--template previews only: add --preview-only (make preview TEMPLATE=…)")
+    config = load_config_or_exit(args.config)
+    to_import: list[str] = []
+    try:
+        if args.template is not None:
+            old: dict | None = read_template_file(args.template)
+            facts = offline_facts(old)
+        else:
+            facts, to_import = guarded_facts(config, args.config)
+            try:
+                old = template_from_cloudformation(config.stack_name, config.aws.region, cloudformation)
+                facts = facts_from_deployed(facts, old)
+            except NoDeployYet as first:
+                if args.preview_only:
+                    raise
+                print(f"First deploy of {config.stack_name}: every resource is created ({first}).")
+                old = None
+        result = plan(config, args.config, outdir=args.outdir, old=old, facts=facts, cdk=args.cdk)
+    except (PreviewRefused, cdk_diff.DiffError) as refused:
+        print(f"preview: {refused}", file=sys.stderr)
+        return 2
+    except SynthFailed:
+        return 2
+    if result.summary is not None:
+        code = print_summary(
+            config, result.diff, result.summary, summary_only=args.summary_only, allow=args.allow_replacement
+        )
+        if code != 0:
+            return code
+    for line in to_import:
+        print(f"imported, not created: {line}")
+    if args.preview_only:
+        return 0
+    command = deploy_command(args.outdir, cdk=args.cdk, import_existing=bool(to_import))
+    return subprocess.run(command, cwd=ROOT, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Replacements the CDK CLI's diff does not show: those caused by a nested property.
+
+The CLI marks a resource "replace" only for a top-level property that causes replacement. Its own
+copy of CloudFormation's resource specification (``db.json.gz`` in the aws-cdk package, the data
+its diff reads) also marks properties of nested types: ``AWS::EKS::Cluster``'s
+``AccessConfig.BootstrapClusterCreatorAdminPermissions`` says ``causesReplacement: yes`` while the
+diff shows the change as an ordinary update. This reads that same data for the properties below
+the top level.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+SPEC_DB = Path(__file__).resolve().parent.parent / "node_modules" / "aws-cdk" / "db.json.gz"
+
+
+@lru_cache(maxsize=1)
+def _spec(path: Path = SPEC_DB) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(resource type -> its properties, type definition id -> its properties)."""
+    schema = json.loads(gzip.decompress(path.read_bytes()))["schema"]
+    resources = {r["cloudFormationType"]: r.get("properties", {}) for r in schema["resource"]["entities"]}
+    types = {t["$id"]: t.get("properties", {}) for t in schema["typeDefinition"]["entities"]}
+    return resources, types
+
+
+def nested_replacements(resource_type: str, old: dict, new: dict) -> dict[str, str]:
+    """Dotted nested property -> "replace" or "may be replaced", for each nested property whose change
+    the specification says replaces the resource."""
+    resources, types = _spec()
+    found: dict[str, str] = {}
+
+    def walk(spec: dict[str, Any], before: Any, after: Any, prefix: str) -> None:
+        before = before if isinstance(before, dict) else {}
+        after = after if isinstance(after, dict) else {}
+        for name, prop in spec.items():
+            old_value, new_value = before.get(name), after.get(name)
+            if old_value == new_value:
+                continue
+            if prefix and prop.get("causesReplacement") in ("yes", "maybe"):
+                found[f"{prefix}{name}"] = "replace" if prop["causesReplacement"] == "yes" else "may be replaced"
+                continue
+            kind = prop.get("type", {})
+            if kind.get("type") == "ref":
+                walk(types.get(kind["reference"]["$ref"], {}), old_value, new_value, f"{prefix}{name}.")
+
+    walk(resources.get(resource_type, {}), old, new, "")
+    return found

@@ -1,0 +1,82 @@
+"""`make preview` / `make deploy` as one sequence: the stack synthesized by the CDK CLI with the
+facts the deployed template gives, previewed, and synthesized again when a node group is replaced.
+
+Offline (a saved template): the CDK CLI runs for real (`cdk synth`, `cdk diff`); nothing reaches AWS.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from cli import deploy as cli_deploy
+from manifests.contract import PHASE_LABEL
+from tests.preview.catalog import ADMIN_A, ADMIN_B
+from tests.preview.conftest import dev
+from tests.preview.test_upgrade import DEPLOYED
+
+
+def write_config(tmp_path, **decode_changes) -> str:
+    data = dev()
+    data["cluster"]["admin_principals"] = [ADMIN_A, ADMIN_B]
+    data["cluster"]["gpu_node_groups"]["decode"].update(decode_changes)
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def node_group_sizes(outdir) -> dict:
+    template = json.loads((outdir / "pd-dev-pd-serving.template.json").read_text())
+    return {
+        resource["Properties"]["Labels"].get(PHASE_LABEL, "system"): resource["Properties"]["ScalingConfig"].get(
+            "DesiredSize"
+        )
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::EKS::Nodegroup"
+    }
+
+
+def test_a_redeploy_over_a_saved_template_leaves_every_size_to_the_autoscaler(tmp_path, capsys):
+    outdir = tmp_path / "cdk.out"
+    args = [write_config(tmp_path), "--preview-only", "--template", str(DEPLOYED), "--outdir", str(outdir)]
+    assert cli_deploy.main([*args, "--summary-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("the template stops setting DesiredSize") == 3
+    assert "REPLACED" not in out and "moves from" not in out
+    assert node_group_sizes(outdir) == {"system": None, "prefill": None, "decode": None}
+
+
+def test_a_replaced_node_group_is_synthesized_again_at_its_size_and_needs_the_flag(tmp_path, capsys):
+    outdir = tmp_path / "cdk.out"
+    config = write_config(tmp_path, instance_type="g6.12xlarge")
+    args = [config, "--preview-only", "--template", str(DEPLOYED), "--outdir", str(outdir), "--summary-only"]
+    assert cli_deploy.main(args) == 3
+    captured = capsys.readouterr()
+    assert "replaced node group(s) decode start at their current size: synthesizing again" in captured.out
+    assert "REPLACED: AWS::EKS::Nodegroup" in captured.out and "ALLOW_REPLACEMENT=1" in captured.err
+    # The saved template's decode group had DesiredSize 1: the new group starts there.
+    assert node_group_sizes(outdir) == {"system": None, "prefill": None, "decode": 1}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["config/dev.yaml", "--template", "x.json"], "--template previews only: add --preview-only"),
+        (["config/dev.yaml", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_deploy.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "\n" not in err and message in err
+
+
+def test_the_deploy_imports_what_a_destroy_kept_only_when_the_guard_found_it(tmp_path):
+    plain = cli_deploy.deploy_command(tmp_path, cdk=tmp_path / "cdk")
+    importing = cli_deploy.deploy_command(tmp_path, cdk=tmp_path / "cdk", import_existing=True)
+    assert "--import-existing-resources" not in plain
+    assert importing[: len(plain) - 2] == plain[:-2] and "--import-existing-resources" in importing
+    assert plain[:4] == [str(tmp_path / "cdk"), "deploy", "--app", str(tmp_path)]
