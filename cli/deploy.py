@@ -19,6 +19,7 @@ replaced or removed and --allow-replacement does not say that is intended.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -151,10 +152,12 @@ def deploy_command(outdir: Path, *, cdk: Path = DEFAULT_CDK, import_existing: bo
     return [*command, "--progress", "events"]
 
 
-def guarded_facts(config, config_path: str) -> tuple[DeployFacts, list[str]]:
+def guarded_facts(
+    config, config_path: str, clients: dict[str, Any], checkip_url: str = deploy_guard.CHECKIP_URL
+) -> tuple[DeployFacts, list[str]]:
     """The guard's verdict: the facts and the resources to import; raises SystemExit(2) on a refusal."""
     try:
-        verdict = deploy_guard.check(config, config_path, **deploy_guard.aws_clients(config.aws.region))
+        verdict = deploy_guard.check(config, config_path, checkip_url=checkip_url, **clients)
     except Exception as exc:  # noqa: BLE001 - no credentials, no network: say so in one line
         print(f"cannot check the deployment with your AWS credentials: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -163,7 +166,7 @@ def guarded_facts(config, config_path: str) -> tuple[DeployFacts, list[str]]:
     return verdict.facts, list(getattr(verdict, "to_import", []))
 
 
-def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
+def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None) -> int:
     parser = ArgumentParser(prog="python -m cli.deploy", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
     parser.add_argument("--preview-only", action="store_true", help="stop after the preview (make preview)")
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
     parser.add_argument("--outdir", type=Path, default=Path("cdk.out"), help="the cloud assembly's folder")
     parser.add_argument("--cdk", type=Path, default=DEFAULT_CDK, help="the CDK CLI")
     parser.add_argument("--summary-only", action="store_true", help="print the serving summary without the CDK diff")
+    parser.add_argument("--checkip-url", default=deploy_guard.CHECKIP_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.template is not None and not args.preview_only:
         parser.error("--template previews only: add --preview-only (make preview TEMPLATE=…)")
@@ -186,9 +190,10 @@ def main(argv: list[str] | None = None, *, cloudformation: Any = None) -> int:
             old: dict | None = read_template_file(args.template)
             facts = offline_facts(old)
         else:
-            facts, to_import = guarded_facts(config, args.config)
+            clients = clients or deploy_guard.aws_clients(config.aws.region)
+            facts, to_import = guarded_facts(config, args.config, clients, args.checkip_url)
             try:
-                old = template_from_cloudformation(config.stack_name, config.aws.region, cloudformation)
+                old = template_from_cloudformation(config.stack_name, config.aws.region, clients["cloudformation"])
                 facts = facts_from_deployed(facts, old)
             except NoDeployYet as first:
                 if args.preview_only:

@@ -27,6 +27,7 @@ COMMANDS = {
     "cli.kuberay_crds": [DEV],
     "cli.charts": ["--cache", "OUT/charts"],
     "cli.preview": [DEV, "--assembly", "OUT", "--template", "OUT/deployed.json"],
+    "cli.deploy": [DEV, "--preview-only", "--template", "OUT/deployed.json", "--outdir", "OUT/cdk.out"],
     "cli.mirror_model": [DEV, "--repo", "Qwen/Qwen2.5-7B-Instruct", "--dry-run"],
     "verify": ["--config", DEV],
     "bench.run": ["--url", "http://127.0.0.1:9/v1"],

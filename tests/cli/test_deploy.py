@@ -80,3 +80,33 @@ def test_the_deploy_imports_what_a_destroy_kept_only_when_the_guard_found_it(tmp
     assert "--import-existing-resources" not in plain
     assert importing[: len(plain) - 2] == plain[:-2] and "--import-existing-resources" in importing
     assert plain[:4] == [str(tmp_path / "cdk"), "deploy", "--app", str(tmp_path)]
+
+
+def test_make_preview_with_credentials_reads_the_sizes_and_the_deployed_template(tmp_path, capsys):
+    """The guard's recorded answers for a deployed dev stack (decode grown to 2 nodes by the
+    autoscaler), then CloudFormation's GetTemplate answering the template 2b5a230 deployed."""
+    from tests.cli.test_deploy_guard import ACCOUNT, checkip_server, config_data, recorded_aws
+
+    data = config_data()  # no admin principals but you: the two admins of the deployed stack lose it
+    config = tmp_path / "dev.yaml"
+    config.write_text(yaml.safe_dump(data))
+    deployed = DEPLOYED.read_text().replace("000000000000", ACCOUNT)
+    get_template = {
+        "service": "cloudformation",
+        "operation": "get_template",
+        "expected": {"StackName": "pd-dev-pd-serving", "TemplateStage": "Original"},
+        "response": {"TemplateBody": deployed},
+    }
+    outdir = tmp_path / "cdk.out"
+    with checkip_server("93.184.216.34\n") as url, recorded_aws("stack-deployed", then=[get_template]) as clients:
+        argv = [str(config), "--preview-only", "--outdir", str(outdir), "--summary-only", "--checkip-url", url]
+        code = cli_deploy.main(argv, clients=clients)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "node group sizes now: system 1, prefill 1, decode 2" in out
+    assert out.count("the template stops setting DesiredSize") == 3
+    assert "moves from" not in out and "REPLACED" not in out
+    for admin in (ADMIN_A, ADMIN_B):
+        assert f"loses cluster admin: {admin.replace('000000000000', ACCOUNT)}" in out
+    assert "gains cluster admin: arn:aws:iam::111122223333:role/aws-reserved/sso.amazonaws.com/" in out
+    assert node_group_sizes(outdir) == {"system": None, "prefill": None, "decode": None}

@@ -74,9 +74,11 @@ CLIENTS = {
 
 
 @contextmanager
-def recorded_aws(name: str | None, region: str = "us-east-2"):
-    """Real boto3 clients whose calls are answered by a recording (None: no call may be made)."""
+def recorded_aws(name: str | None, region: str = "us-east-2", then: list[dict] | None = None):
+    """Real boto3 clients whose calls are answered by a recording (None: no call may be made), and
+    then by the calls in ``then`` (the same shape), made after the guard's."""
     calls = json.loads((RECORDINGS / f"{name}.json").read_text())["calls"] if name else []
+    calls = [*calls, *(then or [])]
     clients = {
         key: boto3.client(service, region_name=region, aws_access_key_id="recorded", aws_secret_access_key="recorded")
         for key, service in CLIENTS.items()
