@@ -48,13 +48,18 @@ def grant_token_key(scope: Construct, grantee: iam.IGrantable, key_arn: str) -> 
 class HuggingFaceToken(Construct):
     """The CSI driver, AWS's provider and the SecretProviderClass of the configured token secret.
 
+    Without a token secret (``secret`` None) it installs only the driver and the provider, for GCS
+    fault tolerance's Secret sync (``sync_secrets``); the construct keeps its id either way, so that
+    turning fault tolerance on never replaces a deployed driver's Helm release.
+
     Args:
         cluster: the EKS cluster.
         namespace: the RayService's namespace (the SecretProviderClass lives beside its pods).
-        secret: the configured secret's name or ARN (``serving.model.hf_token_secret``).
+        secret: the configured secret's name or ARN (``serving.model.hf_token_secret``), or None.
         driver_version: chart version of the Secrets Store CSI driver.
         provider_version: chart version of AWS's provider.
         namespace_manifest: the namespace's manifest, which must exist first.
+        sync_secrets: let the driver create Kubernetes Secrets from ``secretObjects`` (GCS fault tolerance).
 
     Whoever wires the stack makes ``driver`` depend on the node groups: its chart's pre-install
     hook Job needs a node within Helm's timeout.
@@ -67,10 +72,11 @@ class HuggingFaceToken(Construct):
         *,
         cluster: eks.Cluster,
         namespace: str,
-        secret: str,
+        secret: str | None,
         driver_version: str,
         provider_version: str,
         namespace_manifest: Construct,
+        sync_secrets: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         region = Stack.of(self).region
@@ -82,7 +88,7 @@ class HuggingFaceToken(Construct):
             version=driver_version,
             namespace=CSI_NAMESPACE,
             release=CSI_DRIVER_RELEASE,
-            values=driver_values(),
+            values=driver_values(sync_secrets=sync_secrets),
         )
         self.provider = HelmAddon(
             self,
@@ -95,10 +101,13 @@ class HuggingFaceToken(Construct):
             values=provider_values(region),
         )
         self.provider.node.add_dependency(self.driver)
-        self.manifest_body = secret_provider_class(namespace=namespace, secret=secret, region=region)
-        self.provider_class = cluster.add_manifest("SecretProviderClass", self.manifest_body)
-        # The SecretProviderClass kind comes with the driver's CRDs.
-        self.provider_class.node.add_dependency(self.driver, namespace_manifest)
+        self.manifest_body = None
+        self.provider_class = None
+        if secret:
+            self.manifest_body = secret_provider_class(namespace=namespace, secret=secret, region=region)
+            self.provider_class = cluster.add_manifest("SecretProviderClass", self.manifest_body)
+            # The SecretProviderClass kind comes with the driver's CRDs.
+            self.provider_class.node.add_dependency(self.driver, namespace_manifest)
         # Teardown runs in reverse: the namespace, which waits for its pods, goes before the driver
         # that their token volumes are unmounted through.
         namespace_manifest.node.add_dependency(self.driver)

@@ -16,11 +16,13 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from cdk_constructs.gcs_store import GcsStore
 from cdk_constructs.hf_token import HuggingFaceToken, grant_token_key, imported_secret
 from cdk_constructs.policy import acknowledge
 from config.schema import ChartVersions, RayServiceConfig
 from kuberay import rules_version_note
 from kuberay.rules import validate_ray_service
+from manifests import gcs_store as gcs_store_manifests
 from manifests.contract import RAY_SERVICE_ACCOUNT, SERVE_PORT
 from manifests.ray_service import owned_serve_service, serve_service_name
 from serve_app.serve_config import serve_config_yaml
@@ -63,6 +65,8 @@ class RayServiceApp(Construct):
         operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
         token_key_arn: the customer-managed KMS key the token secret is encrypted with (resolved by
             `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
+        gcs_store: the GCS fault-tolerance store when ``ray_service.gcs_fault_tolerance`` is on (its
+            host goes into ``render_manifest``); its AUTH token reaches the head through the CSI driver.
 
     ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
     makes it depend on what must outlive it on teardown (the load balancer controller, the nodes).
@@ -80,6 +84,7 @@ class RayServiceApp(Construct):
         render_manifest: Callable[[str], dict[str, Any]],
         operator: Construct,
         token_key_arn: str | None = None,
+        gcs_store: GcsStore | None = None,
     ) -> None:
         super().__init__(scope, id_)
         rs = ray_service
@@ -105,9 +110,10 @@ class RayServiceApp(Construct):
             )
         )
         self._grant_model_access(serving, token_key_arn)
-        self.hf_token = None
-        if serving.model.hf_token_secret:
-            self.hf_token = HuggingFaceToken(
+        # The CSI driver and AWS's provider, for the token's mount and for the GCS store's Secret sync.
+        self.secrets_store = None
+        if serving.model.hf_token_secret or gcs_store:
+            self.secrets_store = HuggingFaceToken(
                 self,
                 "HfToken",
                 cluster=cluster,
@@ -116,7 +122,21 @@ class RayServiceApp(Construct):
                 driver_version=charts.secrets_store_csi_driver,
                 provider_version=charts.secrets_store_csi_provider_aws,
                 namespace_manifest=self.namespace,
+                sync_secrets=gcs_store is not None,
             )
+        self.hf_token = self.secrets_store if serving.model.hf_token_secret else None
+        self.gcs_provider_class = None
+        if gcs_store and self.secrets_store:
+            # The head's role reads the AUTH token (GetSecretValue, DescribeSecret) through the CSI provider.
+            gcs_store.auth_token.grant_read(self.service_account)
+            self.gcs_provider_class_body = gcs_store_manifests.secret_provider_class(
+                namespace=rs.namespace, secret_arn=gcs_store.auth_token.secret_arn, region=cdk.Stack.of(self).region
+            )
+            self.gcs_provider_class = cluster.add_manifest("GcsStoreSecretProviderClass", self.gcs_provider_class_body)
+            self.gcs_provider_class.node.add_dependency(self.secrets_store.driver, self.namespace)
+            # Teardown runs in reverse: the namespace, whose deletion waits for KubeRay's Redis cleanup
+            # Job (the RayCluster's finalizer), goes before the store that the Job connects to.
+            self.namespace.node.add_dependency(gcs_store)
 
         self.serve_config_v2 = serve_config_yaml(serving, working_dir=self.code.s3_object_url)
         self.manifest_body = render_manifest(self.serve_config_v2)
@@ -129,9 +149,11 @@ class RayServiceApp(Construct):
         self.manifest = cluster.add_manifest("RayService", self.manifest_body)
         self.manifest.node.add_dependency(operator)
         self.manifest.node.add_dependency(self.service_account)
-        if self.hf_token:
+        if self.secrets_store:
             # Pods mount the token through the driver and the provider class from their first start.
-            self.manifest.node.add_dependency(self.hf_token)
+            self.manifest.node.add_dependency(self.secrets_store)
+        if self.gcs_provider_class:
+            self.manifest.node.add_dependency(self.gcs_provider_class)
         owned_service = owned_serve_service(rs)
         self.serve_service = cluster.add_manifest("ServeService", owned_service) if owned_service else None
         if self.serve_service:

@@ -40,6 +40,7 @@ from cli.preview import (
 )
 from config.loader import load_config_or_exit
 from config.schema import DeployFacts
+from manifests.contract import WORKER_GROUPS
 from preview import cdk_diff
 from preview.serving import (
     access_entry_ids,
@@ -48,6 +49,7 @@ from preview.serving import (
     placement_group_tags,
     replaced_node_groups,
 )
+from verify.kube import Kube, KubectlRunner, KubeError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CDK = ROOT / "node_modules" / ".bin" / "cdk"
@@ -166,7 +168,40 @@ def guarded_facts(
     return verdict.facts, list(getattr(verdict, "to_import", []))
 
 
-def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None) -> int:
+def serving_worker_replicas(kube: Kube, *, namespace: str, name: str) -> dict[str, int]:
+    """Each phase's worker replicas in the RayCluster the RayService serves from now."""
+    rayservice = kube.get_json(["get", "rayservice", name, "-n", namespace])
+    active = (rayservice.get("status", {}).get("activeServiceStatus") or {}).get("rayClusterName")
+    for cluster in kube.get_json(["get", "rayclusters", "-n", namespace]).get("items", []):
+        if active and cluster["metadata"]["name"] == active:
+            return {
+                WORKER_GROUPS[group["groupName"]]: int(group.get("replicas", 0))
+                for group in cluster["spec"].get("workerGroupSpecs", [])
+                if group.get("groupName") in WORKER_GROUPS
+            }
+    return {}
+
+
+def with_worker_replicas(config, facts: DeployFacts, kube: Kube | None) -> DeployFacts:
+    """The facts with the serving cluster's replicas, when the stack exists and kubectl can read them."""
+    if not facts.node_group_sizes:
+        return facts  # no stack yet, so no cluster
+    rs = config.ray_service
+    try:
+        replicas = serving_worker_replicas(kube or KubectlRunner(), namespace=rs.namespace, name=rs.name)
+    except KubeError as exc:
+        print(
+            f"warning: cannot read the serving RayCluster's replicas ({exc}); a NewCluster upgrade would start the "
+            "new cluster at the config's sizes",
+            file=sys.stderr,
+        )
+        return facts
+    if replicas:
+        print(f"serving replicas now: {', '.join(f'{phase} {n}' for phase, n in sorted(replicas.items()))}")
+    return facts.model_copy(update={"worker_replicas": replicas})
+
+
+def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None, kube: Kube | None = None) -> int:
     parser = ArgumentParser(prog="python -m cli.deploy", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
     parser.add_argument("--preview-only", action="store_true", help="stop after the preview (make preview)")
@@ -192,6 +227,7 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
         else:
             clients = clients or deploy_guard.aws_clients(config.aws.region)
             facts, to_import = guarded_facts(config, args.config, clients, args.checkip_url)
+            facts = with_worker_replicas(config, facts, kube)
             try:
                 old = template_from_cloudformation(config.stack_name, config.aws.region, clients["cloudformation"])
                 facts = facts_from_deployed(facts, old)

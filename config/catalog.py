@@ -154,3 +154,33 @@ def replicas_per_node(instance_type: str, tensor_parallel_size: int, gpu_fractio
 def known_instance_types(*, gpu: bool | None = None) -> list[str]:
     """Instance types in the table, optionally only those with (or without) GPUs."""
     return sorted(name for name, f in INSTANCES.items() if gpu is None or (f.gpu is not None) == gpu)
+
+
+# --- Amazon ElastiCache (the GCS fault-tolerance store) ------------------------------------------
+# Valkey node-based clusters, on-demand, per node-hour, us-east-1, from
+# https://aws.amazon.com/elasticache/pricing/ (Valkey nodes are priced 20% below Redis OSS nodes
+# of the same type). Unlike the EC2 prices these were not read from a dated copy of the price
+# list: treat them as estimates and check the page for your region. Memory is what a node offers for data, from
+# https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/CacheNodes.SupportedTypes.html.
+CACHE_PRICES_SOURCE = "https://aws.amazon.com/elasticache/pricing/ (Valkey, node-based, on-demand)"
+
+
+@dataclass(frozen=True)
+class CacheNodeFacts:
+    """One ElastiCache node type: its memory for data and its on-demand price as a Valkey node."""
+
+    node_type: str
+    memory_gib: float
+    price_per_hour: float
+
+
+CACHE_NODES: dict[str, CacheNodeFacts] = {
+    f.node_type: f
+    for f in (
+        CacheNodeFacts("cache.t4g.micro", 0.5, 0.0128),
+        CacheNodeFacts("cache.t4g.small", 1.37, 0.0256),
+        CacheNodeFacts("cache.t4g.medium", 3.09, 0.0520),
+        CacheNodeFacts("cache.m7g.large", 6.38, 0.1264),
+        CacheNodeFacts("cache.r7g.large", 13.07, 0.1752),
+    )
+}

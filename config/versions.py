@@ -113,11 +113,27 @@ SECRETS_STORE_CSI_PROVIDER_AWS = HelmChartPin(
     version="3.1.1",
 )
 
+# The GCS fault-tolerance store: Amazon ElastiCache for Valkey (cluster mode disabled: Ray's GCS
+# refuses a Redis Cluster of more than one shard, src/ray/gcs/store_client/redis_context.cc,
+# ValidateRedisDB). https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/engine-versions.html
+GCS_STORE_ENGINE = "valkey"
+GCS_STORE_ENGINE_VERSION = "8.0"
+
 # vLLM's Run:ai model streamer (load_format runai_streamer) and the dependency it lacks in the
 # serving image: the AWS Ray LLM image installs ray[llm] and vLLM without vLLM's `runai` extra
 # (aws/deep-learning-containers, docker/ray_llm/pyproject.toml and uv.lock), so GPU workers that
 # stream install these at pod start. The versions requirements-serve.txt locks (a test compares).
 MODEL_STREAMER_PACKAGES = ("runai-model-streamer==0.17.0", "runai-model-streamer-s3==0.17.1", "humanize==4.17.0")
+# The sha256 of each wheel pip picks for the image (CPython 3.13, manylinux x86_64), as PyPI serves
+# it: runai_model_streamer-0.17.0-py3-none-manylinux_2_30_x86_64.whl,
+# runai_model_streamer_s3-0.17.1-py3-none-manylinux_2_28_x86_64.whl, humanize-4.17.0-py3-none-any.whl
+# (`pip download --no-deps --only-binary=:all: --platform manylinux_2_34_x86_64 --python-version 3.13`).
+# pip installs nothing else (--require-hashes), so a changed or substituted file fails the pod.
+MODEL_STREAMER_SHA256 = {
+    "runai-model-streamer==0.17.0": "d7189e8f6963adc39d38eb7423ac79542e69d1a2eac5e76a473c60ae942b8760",
+    "runai-model-streamer-s3==0.17.1": "059a03fd88edb636bc5f4c04f701d7887a3bf56426f506b6c491f47844148254",
+    "humanize==4.17.0": "02d0899527760efe18011944f882df4970943b4cdff7b5a0ba7fed43a576ef98",
+}
 
 # `make mirror-model`'s Job: a small Python image from ECR Public (reached through the NAT gateway)
 # and what its script needs, huggingface_hub and boto3 with all their dependencies (installed

@@ -90,3 +90,61 @@ def cluster_spec_hash(ray_cluster_config: dict) -> str:
         pod.pop("tolerations", None)
         pod.pop("schedulingGates", None)
     return hashlib.sha1(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def pod_restart_policy(ray_cluster_config: dict, group: dict) -> str:
+    """The restartPolicy KubeRay 1.7.0 gives a group's pods (common/pod.go, DefaultHeadPodTemplate and
+    DefaultWorkerPodTemplate): Never with in-tree autoscaling v2, else the template's, else
+    Kubernetes' default, Always."""
+    spec = ray_cluster_config
+    v2 = (spec.get("autoscalerOptions") or {}).get("version") == "v2"
+    if spec.get("enableInTreeAutoscaling") and v2:
+        return "Never"
+    return (group.get("template", {}).get("spec", {}) or {}).get("restartPolicy") or "Always"
+
+
+# --- common/pod.go: what GCS fault tolerance adds to the pods --------------------------------------
+
+RAY_GCS_RPC_SERVER_RECONNECT_TIMEOUT_S = "RAY_gcs_rpc_server_reconnect_timeout_s"
+DEFAULT_WORKER_RAY_GCS_RECONNECT_TIMEOUT_S = "600"  # utils/constant.go
+RAY_EXTERNAL_STORAGE_NS = "RAY_external_storage_namespace"
+
+
+def gcs_fault_tolerance_pod(ray_cluster_config: dict, group: dict, *, head: bool, cluster_uid: str) -> dict[str, Any]:
+    """What ``configureGCSFaultTolerance`` and ``configureRedisFT`` (``common/pod.go``, redis backend)
+    add to a group's Ray container when ``gcsFaultToleranceOptions`` is set: ``env`` (name -> the
+    EnvVar without its name), the head's extra ``rayStartParams``, and the pod annotations.
+
+    On the head: ``RAY_external_storage_namespace`` (``externalStorageNamespace``, else the
+    RayCluster's UID), ``RAY_REDIS_ADDRESS`` (``redisAddress`` verbatim), ``REDIS_PASSWORD`` from
+    ``redisPassword`` (``value`` or ``valueFrom``) with ``redis-password: $REDIS_PASSWORD`` in
+    ``rayStartParams``, and the same for ``redisUsername``. On a worker: the raylet waits
+    ``RAY_gcs_rpc_server_reconnect_timeout_s`` = 600 s for a restarted GCS unless the pod sets it.
+    Without the options (and without the ``ray.io/ft-enabled`` annotation) nothing is added.
+    """
+    options = ray_cluster_config.get("gcsFaultToleranceOptions")
+    out: dict[str, Any] = {"env": {}, "rayStartParams": {}, "annotations": {}}
+    if head:
+        out["annotations"]["ray.io/ft-enabled"] = str(options is not None).lower()
+    if options is None:
+        return out
+    container = ray_container(group)
+    present = {e.get("name") for e in container.get("env") or []}
+    if not head:
+        if RAY_GCS_RPC_SERVER_RECONNECT_TIMEOUT_S not in present:
+            out["env"][RAY_GCS_RPC_SERVER_RECONNECT_TIMEOUT_S] = {"value": DEFAULT_WORKER_RAY_GCS_RECONNECT_TIMEOUT_S}
+        return out
+    namespace = options.get("externalStorageNamespace") or cluster_uid
+    out["annotations"]["ray.io/external-storage-namespace"] = namespace
+    if RAY_EXTERNAL_STORAGE_NS not in present:
+        out["env"][RAY_EXTERNAL_STORAGE_NS] = {"value": namespace}
+    out["env"]["RAY_REDIS_ADDRESS"] = {"value": options.get("redisAddress", "")}
+    for field, env_name, param in (
+        ("redisUsername", "REDIS_USERNAME", "redis-username"),
+        ("redisPassword", "REDIS_PASSWORD", "redis-password"),
+    ):
+        credential = options.get(field)
+        if credential is not None:
+            out["rayStartParams"][param] = f"${env_name}"
+            out["env"][env_name] = {k: v for k, v in credential.items() if k in ("value", "valueFrom")}
+    return out

@@ -56,14 +56,20 @@ def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[s
     }
 
 
-def driver_values() -> dict[str, Any]:
-    return {
+def driver_values(*, sync_secrets: bool = False) -> dict[str, Any]:
+    """The driver chart's values; ``sync_secrets`` lets it create the Kubernetes Secrets that a
+    SecretProviderClass's ``secretObjects`` name (its ClusterRole then covers Secrets), which only GCS
+    fault tolerance needs (``manifests.gcs_store``)."""
+    values: dict[str, Any] = {
         "linux": {"tolerations": EVERYWHERE},
         # Pod Identity: the provider exchanges a token of this audience for the pod's role.
         "tokenRequests": [{"audience": "sts.amazonaws.com"}, {"audience": "pods.eks.amazonaws.com"}],
         "enableSecretRotation": True,
         "rotationPollInterval": ROTATION_POLL_INTERVAL,
     }
+    if sync_secrets:
+        values["syncSecret"] = {"enabled": True}
+    return values
 
 
 def provider_values(region: str) -> dict[str, Any]:

@@ -4,12 +4,14 @@ KubeRay's mirrored rules take them alone."""
 from __future__ import annotations
 
 import hashlib
+import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from config import catalog
 from config.schema import AppConfig, RayServiceConfig
-from config.versions import MODEL_STREAMER_PACKAGES
-from manifests import hf_token
+from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_SHA256
+from manifests import gcs_store, hf_token
 from manifests.contract import (
     CLIENT_PORT,
     DASHBOARD_PORT,
@@ -56,31 +58,51 @@ def _region_env(config: AppConfig) -> list[dict[str, str]]:
     return [{"name": name, "value": config.aws.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
 
 
+def model_streamer_install_script(
+    target: str = MODEL_STREAMER_DIR,
+    requirements: str = "/tmp/model-streamer.txt",
+    termination_log: str = "/dev/termination-log",
+) -> str:
+    """The init container's shell script: pip installs exactly the pinned wheels, each checked against
+    its hash, giving up at once when PyPI is out of reach; the reason goes to the termination message,
+    which Kubernetes shows in the pod's status."""
+    pinned = " ".join(
+        shlex.quote(f"{package} --hash=sha256:{MODEL_STREAMER_SHA256[package]}") for package in MODEL_STREAMER_PACKAGES
+    )
+    pip = " ".join(
+        [
+            "python -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps",
+            "--only-binary=:all: --require-hashes --retries 0 --timeout 20",
+            f"--target {shlex.quote(target)} -r {shlex.quote(requirements)}",
+        ]
+    )
+    failure = (
+        "cannot install the Run:ai model streamer from PyPI (through the VPC's NAT gateway), or a wheel's hash "
+        "differs from config/versions.py; the pod stops here"
+    )
+    log = shlex.quote(termination_log)
+    return (
+        f"printf '%s\\n' {pinned} > {shlex.quote(requirements)} && {pip} "
+        f"|| {{ echo {shlex.quote(failure)} | tee {log} >&2; exit 1; }}"
+    )
+
+
 def add_model_streamer(group: dict[str, Any], image: str) -> None:
     """Installs vLLM's Run:ai streamer into the group's pods before Ray starts (the image lacks it)."""
     pod = group["template"]["spec"]
     (container,) = pod["containers"]
     mount = {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR}
+    # Requests equal to limits, as the Ray container's: a Guaranteed pod, which the kubelet evicts last.
+    resources = {"cpu": "1", "memory": "1Gi"}
     pod.setdefault("initContainers", []).append(
         {
             "name": "install-model-streamer",
             "image": image,
             # The serving image's own Python and pip (/opt/venv), through the NAT gateway to PyPI.
-            "command": [
-                "python",
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-cache-dir",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--target",
-                MODEL_STREAMER_DIR,
-                *MODEL_STREAMER_PACKAGES,
-            ],
+            "command": ["/bin/sh", "-c", model_streamer_install_script()],
             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
-            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+            "resources": {"requests": dict(resources), "limits": dict(resources)},
+            "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": [mount],
         }
     )
@@ -93,7 +115,8 @@ def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[s
     head = config.ray_service.head
     resources = {"cpu": head.cpu, "memory": head.memory}
     return {
-        # The head schedules no replicas: it runs the Serve controller and the proxy only.
+        # The head schedules no replicas (num-cpus 0: every Serve replica, the ingress included, asks
+        # for CPU): it runs the GCS, the dashboard and the Serve controller, and serves no request.
         "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "spec": {
@@ -121,7 +144,9 @@ def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[s
     }
 
 
-def worker_group(config: AppConfig, phase: str, *, image: str, service_account: str) -> dict[str, Any]:
+def worker_group(
+    config: AppConfig, phase: str, *, image: str, service_account: str, serving_replicas: int | None = None
+) -> dict[str, Any]:
     group = getattr(config.cluster.gpu_node_groups, phase)
     facts = catalog.INSTANCES[group.instance_type]
     cpus = max(1, facts.vcpus - NODE_RESERVED_CPUS)
@@ -138,7 +163,12 @@ def worker_group(config: AppConfig, phase: str, *, image: str, service_account: 
     side_channel = config.serving.side_channel_port(phase)
     return {
         "groupName": worker_group_name(phase),
-        "replicas": group.desired_size,
+        # KubeRay builds a NewCluster upgrade's cluster with these; the serving cluster's own count
+        # (Ray's autoscaler's, read by `make deploy`) keeps the capacity that serves. The cluster hash
+        # leaves replicas out, so the count never starts an upgrade itself.
+        "replicas": group.desired_size
+        if serving_replicas is None
+        else min(max(serving_replicas, group.min_size), group.max_size),
         "minReplicas": group.min_size,
         "maxReplicas": group.max_size,
         # KubeRay takes a group's Ray resources from rayStartParams or from this map, never both
@@ -242,8 +272,17 @@ def annotate_revision(group: dict[str, Any], revision: str) -> None:
     metadata.setdefault("annotations", {})[SERVING_REVISION] = revision
 
 
-def ray_service(config: AppConfig, *, serve_config_v2: str, service_account: str) -> dict[str, Any]:
-    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec."""
+def ray_service(
+    config: AppConfig,
+    *,
+    serve_config_v2: str,
+    service_account: str,
+    gcs_store_host: str | None = None,
+    serving_replicas: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec,
+    ``gcs_store_host`` the GCS store's primary endpoint (required when GCS fault tolerance is on),
+    and ``serving_replicas`` each phase's worker replicas in the serving cluster now, when known."""
     rs = config.ray_service
     image = rs.image_for(config.aws.region)
     spec: dict[str, Any] = {
@@ -252,29 +291,57 @@ def ray_service(config: AppConfig, *, serve_config_v2: str, service_account: str
         # Serve app is healthy; the old one keeps serving in-flight requests for the delay.
         # (NewClusterWithIncrementalUpgrade would need the Gateway API and ignores serveService.)
         "upgradeStrategy": {"type": "NewCluster"},
-        "rayClusterDeletionDelaySeconds": rs.cluster_deletion_delay_seconds,
+        "rayClusterDeletionDelaySeconds": config.deletion_delay_seconds,
+        # Requests never go through the head: KubeRay keeps its ray.io/serve label false, so the
+        # serve Service (and the NLB) reach only the proxies on the workers (updateHeadPodServeLabel,
+        # rayservice_controller.go, v1.7.0). Ray 2.58 still starts an idle proxy on the head
+        # (serve/_private/controller.py, _update_proxy_nodes adds the controller's node).
+        "excludeHeadPodFromServeSvc": True,
         "rayClusterConfig": {
             "rayVersion": rs.ray_version,
             "enableInTreeAutoscaling": True,
-            # Ray drops an idle worker pod after as long as Cluster Autoscaler keeps an idle node
-            # (valid with autoscaler v1 and v2: ValidateRayClusterSpec).
-            "autoscalerOptions": {"idleTimeoutSeconds": config.cluster.autoscaling.scale_down_idle_minutes * 60},
+            "autoscalerOptions": {
+                # Ray 2.58 runs autoscaler v2 under KubeRay whatever the spec says (`ray start --head`
+                # sets RAY_enable_autoscaler_v2=1 when KubeRay's variables are present). Saying so
+                # lets KubeRay set the pods up for it (common/pod.go: restartPolicy Never), so a
+                # worker whose Ray died is replaced, not restarted in place out of the autoscaler's view.
+                "version": "v2",
+                # Ray drops an idle worker pod after as long as Cluster Autoscaler keeps an idle node.
+                "idleTimeoutSeconds": config.cluster.autoscaling.scale_down_idle_minutes * 60,
+            },
             "headGroupSpec": head_group(config, image=image, service_account=service_account),
             "workerGroupSpecs": [
-                worker_group(config, phase, image=image, service_account=service_account) for phase in PHASES
+                worker_group(
+                    config,
+                    phase,
+                    image=image,
+                    service_account=service_account,
+                    serving_replicas=(serving_replicas or {}).get(phase),
+                )
+                for phase in PHASES
             ],
         },
     }
     groups = [spec["rayClusterConfig"]["headGroupSpec"], *spec["rayClusterConfig"]["workerGroupSpecs"]]
     revision = serving_revision(serve_config_v2) if rs.rollout == "new_cluster" else None
     for group in groups:
-        if config.serving.model.hf_token_secret:
-            mount_hf_token(group)
         if revision:
             annotate_revision(group, revision)
+    # Only the engine replicas on the GPU workers read the token (Ray loads the model config there);
+    # on the head, a missing or unreadable secret would hold the whole cluster at ContainerCreating.
+    if config.serving.model.hf_token_secret:
+        for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
+            mount_hf_token(group)
     if config.serving.model.streams:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             add_model_streamer(group, image)
+    if config.gcs_fault_tolerant:
+        if not gcs_store_host:
+            raise ValueError("GCS fault tolerance is on: ray_service() needs the store's host (gcs_store_host)")
+        # The GCS keeps its tables in the store; a restarted head reads them back and the workers'
+        # raylets reconnect (KubeRay gives them RAY_gcs_rpc_server_reconnect_timeout_s=600).
+        spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = gcs_store.fault_tolerance_options(gcs_store_host)
+        gcs_store.mount_on_head(spec["rayClusterConfig"]["headGroupSpec"])
     service = serve_service(rs)
     if service:
         spec["serveService"] = service

@@ -51,6 +51,9 @@ class PlanInputs:
     nat_gateways: int = 1
     interface_endpoints: int = 0  # endpoints × AZs, each billed per hour
     eks_extended_support: bool = False
+    # The GCS fault-tolerance store (ElastiCache): its node type and node count (0: no store).
+    gcs_store_node_type: str = "cache.t4g.small"
+    gcs_store_nodes: int = 0
     settings: PlannerSettings = field(default_factory=PlannerSettings)
 
 
@@ -240,6 +243,14 @@ def cost_breakdown(inputs: PlanInputs) -> CostBreakdown:
         add(f"{phase} nodes ({p.instance_type})", p.nodes, facts.price_per_hour)
     add("NAT gateways", inputs.nat_gateways, catalog.NAT_GATEWAY_PER_HOUR)
     add("interface endpoints (per AZ)", inputs.interface_endpoints, catalog.INTERFACE_ENDPOINT_PER_AZ_HOUR)
+    if inputs.gcs_store_nodes:
+        store = catalog.CACHE_NODES.get(inputs.gcs_store_node_type)
+        if store is None:
+            raise PlanningError(
+                f"{field_name('gcs_store_node_type')}={inputs.gcs_store_node_type!r} is not in config/catalog.py "
+                "CACHE_NODES; known types: " + ", ".join(sorted(catalog.CACHE_NODES))
+            )
+        add(f"GCS store nodes ({store.node_type}, Valkey)", inputs.gcs_store_nodes, store.price_per_hour)
     # Extended support replaces the standard rate rather than adding to it.
     if inputs.eks_extended_support:
         add("EKS control plane (extended support)", 1, catalog.EKS_EXTENDED_SUPPORT_PER_HOUR)

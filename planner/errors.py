@@ -18,6 +18,7 @@ FIELDS: dict[str, str] = {
     "tensor_parallel_size": "serving.{phase}.tensor_parallel_size",
     "instance_type": "cluster.gpu_node_groups.{phase}.instance_type",
     "system_instance_type": "cluster.system_node_group.instance_type",
+    "gcs_store_node_type": "ray_service.gcs_fault_tolerance.store.node_type",
     "max_transfer_share": "planner.max_transfer_share",
     "fail_on_transfer_share": "planner.fail_on_transfer_share",
     "typical_prompt_tokens": "planner.typical_prompt_tokens",

@@ -43,8 +43,17 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
         system_nodes=config.cluster.system_node_group.desired_size,
         nat_gateways=config.network.nat_gateways,
         interface_endpoints=len(config.network.interface_endpoints) * len(config.network.availability_zones),
+        **_gcs_store(config),
         settings=config.planner,
     )
+
+
+def _gcs_store(config: AppConfig) -> dict:
+    """The GCS store's node type and node count: a primary, and a replica when it is multi-AZ."""
+    store = config.ray_service.gcs_fault_tolerance.store
+    if not config.gcs_fault_tolerant or store is None:
+        return {"gcs_store_nodes": 0}
+    return {"gcs_store_node_type": store.node_type, "gcs_store_nodes": 2 if config.gcs_store_multi_az else 1}
 
 
 def plan_config(config: AppConfig) -> PlanReport:

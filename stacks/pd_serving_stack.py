@@ -10,6 +10,7 @@ from constructs import Construct
 from cdk_constructs import addons
 from cdk_constructs.autoscaler import ClusterAutoscaler
 from cdk_constructs.cluster import EksCluster
+from cdk_constructs.gcs_store import GcsStore
 from cdk_constructs.log_groups import EncryptedLogs
 from cdk_constructs.model_mirror import ModelMirror
 from cdk_constructs.network import Network
@@ -113,6 +114,18 @@ class PdServingStack(Stack):
         addons.nvidia_device_plugin(self, cluster=cluster, version=charts.nvidia_device_plugin)
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
         self.kuberay = addons.kuberay_operator(self, cluster=cluster, version=charts.kuberay_operator)
+        gcs_ft = config.ray_service.gcs_fault_tolerance
+        gcs_store = None
+        if config.gcs_fault_tolerant and gcs_ft.store:
+            gcs_store = GcsStore(
+                self,
+                "GcsStore",
+                config=gcs_ft.store,
+                multi_az=config.gcs_store_multi_az,
+                vpc=network.vpc,
+                subnets=network.private_subnets,
+                cluster_security_group_id=cluster.cluster_security_group_id,
+            )
         serving = RayServiceApp(
             self,
             "Serving",
@@ -121,10 +134,15 @@ class PdServingStack(Stack):
             serving=config.serving,
             charts=charts,
             render_manifest=lambda serve_config_v2: ray_service_manifest(
-                config, serve_config_v2=serve_config_v2, service_account=RAY_SERVICE_ACCOUNT
+                config,
+                serve_config_v2=serve_config_v2,
+                service_account=RAY_SERVICE_ACCOUNT,
+                gcs_store_host=gcs_store.host if gcs_store else None,
+                serving_replicas=deployer.worker_replicas,
             ),
             operator=self.kuberay,
             token_key_arn=deployer.hf_token_kms_key_arn,
+            gcs_store=gcs_store,
         )
         mirror = None
         if config.model_mirror.enabled:
@@ -143,9 +161,9 @@ class PdServingStack(Stack):
         # then the NLB's Service, whose deletion waits until the load balancer controller has removed
         # the NLB, its security groups and ENIs; only then the controller, the nodes and the VPC.
         serving.manifest.node.add_dependency(*nodegroups)
-        if serving.hf_token:
+        if serving.secrets_store:
             # The driver chart's pre-install hook Job, which Helm always waits for, needs a node.
-            serving.hf_token.driver.node.add_dependency(*nodegroups)
+            serving.secrets_store.driver.node.add_dependency(*nodegroups)
         if serving.serve_service:
             serving.serve_service.node.add_dependency(*nodegroups, cluster.alb_controller)
 
@@ -167,6 +185,8 @@ class PdServingStack(Stack):
         CfnOutput(self, "ServedModel", value=config.serving.model.model_id)
         if mirror:
             CfnOutput(self, "ModelMirrorBucket", value=mirror.bucket.bucket_name)
+        if gcs_store:
+            CfnOutput(self, "GcsStoreEndpoint", value=gcs_store.host)
         if observability.workspace_arn:
             CfnOutput(self, "PrometheusWorkspaceArn", value=observability.workspace_arn)
         self.config = config
@@ -176,3 +196,4 @@ class PdServingStack(Stack):
         self.gpu_groups = gpu_groups
         self.autoscaler = autoscaler
         self.mirror = mirror
+        self.gcs_store = gcs_store

@@ -61,6 +61,10 @@ def with_changes(data: dict, changes: dict) -> dict:
     return data
 
 
+# Stands in for the ElastiCache primary endpoint (a CloudFormation token at synth).
+GCS_STORE_HOST = "master.pd-gcs.abc123.use2.cache.amazonaws.com"
+
+
 def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> dict:
     """The RayService manifest of a config, rendered as the construct renders it."""
     from manifests.ray_service import ray_service
@@ -70,6 +74,7 @@ def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> d
         config,
         serve_config_v2=serve_config_yaml(config.serving, working_dir=working_dir),
         service_account="ray-serve",
+        gcs_store_host=GCS_STORE_HOST if config.gcs_fault_tolerant else None,
     )
 
 

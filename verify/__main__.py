@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_groups={phase: (getattr(groups, phase).min_size, getattr(groups, phase).max_size) for phase in PHASES},
             replica_estimates=replica_estimates(config),
             gated=bool(config.serving.model.hf_token_secret),
-            deletion_delay_seconds=rs.cluster_deletion_delay_seconds,
+            deletion_delay_seconds=config.deletion_delay_seconds,
         )
     except KubeError as exc:
         print(f"FAIL cluster: {exc}", file=sys.stderr)

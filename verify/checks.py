@@ -473,6 +473,14 @@ def kv_transferred(before: Counters, after: Counters, prompt_tokens: int) -> Che
         problems.append(f"decode received {received:g} of {prompt_tokens} prompt tokens over external_kv_transfer")
     if recomputed:
         problems.append(f"decode recomputed {recomputed:g} prompt tokens (local_compute)")
+    if recomputed and received < prompt_tokens and prefilled >= prompt_tokens:
+        # Prefill did its part and decode computed the prompt again: the transfer failed and
+        # kv_transfer.load_failure_policy recompute turned that into slow serving.
+        problems.append(
+            "decode recomputes what prefill computed: after a prefill restart decode may still hold the old "
+            "prefill's NIXL peer (vLLM issue #49238); restart the decode workers "
+            "(kubectl delete pod -l ray.io/group=decode-gpu in the serving namespace)"
+        )
     if transfers < 1:
         problems.append("no NIXL transfer was counted on decode")
     facts = (

@@ -42,7 +42,14 @@ from config.schema.observability import (
     ObservabilityConfig,
 )
 from config.schema.planner import PlannerSettings
-from config.schema.ray_service import VERSIONED_TAG, EndpointExposure, HeadResources, RayServiceConfig
+from config.schema.ray_service import (
+    VERSIONED_TAG,
+    EndpointExposure,
+    GcsFaultToleranceConfig,
+    GcsStoreConfig,
+    HeadResources,
+    RayServiceConfig,
+)
 
 __all__ = [
     "ADDON_VERSION",
@@ -64,6 +71,8 @@ __all__ = [
     "NodeGroupName",
     "EndpointAccessConfig",
     "EndpointExposure",
+    "GcsFaultToleranceConfig",
+    "GcsStoreConfig",
     "GpuNodeGroupConfig",
     "GpuNodeGroups",
     "HeadResources",

@@ -15,6 +15,10 @@ from config.schema.planner import PlannerSettings
 from config.schema.ray_service import RayServiceConfig
 from serve_app.spec import ServingSpec
 
+# How long past the request timeout the old cluster of a NewCluster upgrade lives by default: its
+# last requests end with the timeout, and their responses still have to leave.
+DELETION_DELAY_MARGIN_S = 60
+
 
 class AppConfig(StrictModel):
     name: str = Field(description=("Short DNS-1123 name of the deployment; prefixes the stack and the cluster name."))
@@ -77,6 +81,26 @@ class AppConfig(StrictModel):
         """model_mirror.keep_on_destroy, or, when unset, whether this is a production environment."""
         keep = self.model_mirror.keep_on_destroy
         return self.production if keep is None else keep
+
+    @property
+    def deletion_delay_seconds(self) -> int:
+        """ray_service.cluster_deletion_delay_seconds, or, when unset, a minute past the request timeout."""
+        delay = self.ray_service.cluster_deletion_delay_seconds
+        return int(self.serving.request_timeout_s) + DELETION_DELAY_MARGIN_S if delay is None else delay
+
+    @property
+    def gcs_fault_tolerant(self) -> bool:
+        """ray_service.gcs_fault_tolerance.enabled, or, when unset, whether this is a production environment."""
+        enabled = self.ray_service.gcs_fault_tolerance.enabled
+        return self.production if enabled is None else enabled
+
+    @property
+    def gcs_store_multi_az(self) -> bool:
+        """The store's multi_az, or, when unset, whether this is a production environment (False without a store)."""
+        store = self.ray_service.gcs_fault_tolerance.store
+        if store is None:
+            return False
+        return self.production if store.multi_az is None else store.multi_az
 
     @property
     def stack_name(self) -> str:

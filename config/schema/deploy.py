@@ -50,6 +50,15 @@ class DeployFacts(StrictModel):
             "(CloudFormation then changes nothing), unless the size is outside the new min_size..max_size."
         ),
     )
+    worker_replicas: dict[Literal["prefill", "decode"], NonNegativeInt] = Field(
+        default_factory=dict,
+        description=(
+            "The worker replicas each phase of the serving RayCluster has now (Ray's autoscaler's, read with "
+            "kubectl). The RayService's worker groups start at them, within min..max, so a NewCluster upgrade "
+            "builds the new cluster at the size that serves, not at the config's; KubeRay's cluster hash "
+            "leaves replicas out, so this never starts an upgrade itself."
+        ),
+    )
     replaced_node_groups: list[NodeGroupName] = Field(
         default_factory=list,
         description=(

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from config import versions
+from config import catalog, versions
 from config.schema.base import StrictModel, check_cidrs, dns_label
 from kuberay.apimachinery import dns1035_label_errors
 from kuberay.rules import MAX_RAY_SERVICE_NAME_LENGTH
@@ -16,8 +16,72 @@ VERSIONED_TAG = re.compile(r"(^|[^0-9])v?\d+\.\d+(\.\d+)?([^0-9]|$)")
 
 
 class HeadResources(StrictModel):
-    cpu: str = Field(default="2", description="CPU request (and limit) of the Ray head pod.")
-    memory: str = Field(default="8Gi", description="Memory request (and limit) of the Ray head pod.")
+    # The head serves no requests and hosts no replica (num-cpus 0, out of the serve Service). What
+    # it still runs: the GCS, the raylet, the dashboard and its agents, the Serve controller, an idle
+    # Serve proxy (Ray starts one on the controller's node whatever proxy_location says) and Serve's
+    # build_serve_application task (num_cpus=0, so it lands beside the controller), which imports
+    # vLLM and torch to build the P/D graph: about 1 GiB steady, 3-4 GiB while a config deploys.
+    # KubeRay's autoscaler runs in its own sidecar container with its own 500m / 512Mi.
+    cpu: str = Field(
+        default="2",
+        description=(
+            "CPU request (and limit) of the Ray head pod: the GCS, dashboard and Serve controller need well "
+            "under one core; the second absorbs a config deploy's app build."
+        ),
+    )
+    memory: str = Field(
+        default="8Gi",
+        description=(
+            "Memory request (and limit) of the Ray head pod: about 1 GiB steady, 3-4 GiB while Serve builds "
+            "the app (vLLM imported); 8Gi keeps an out-of-memory kill, a head restart, far away."
+        ),
+    )
+
+
+class GcsStoreConfig(StrictModel):
+    """The Amazon ElastiCache (Valkey) replication group the stack provisions for the GCS."""
+
+    node_type: str = Field(
+        default="cache.t4g.small",
+        description=(
+            "ElastiCache node type (config/catalog.py CACHE_NODES, with prices). The GCS keeps cluster "
+            "metadata only (actors, placement groups, Serve's checkpoints): megabytes, so the smallest "
+            "burstable nodes are enough."
+        ),
+    )
+    multi_az: bool | None = Field(
+        default=None,
+        description=(
+            "A replica in a second availability zone with automatic failover (twice the node price). "
+            "Left empty: on in production, a single node elsewhere."
+        ),
+    )
+
+    @field_validator("node_type")
+    @classmethod
+    def _known_node_type(cls, value: str) -> str:
+        if value not in catalog.CACHE_NODES:
+            raise ValueError(
+                f"{value!r} is not in config/catalog.py CACHE_NODES; use one of {', '.join(sorted(catalog.CACHE_NODES))}"
+            )
+        return value
+
+
+class GcsFaultToleranceConfig(StrictModel):
+    """KubeRay's GCS fault tolerance: the GCS keeps its state in an external store, so a head restart
+    keeps the workers and their replicas."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description=(
+            "Keep the GCS's state in an ElastiCache store the stack provisions, so a head restart (OOM, node "
+            "loss, upgrade) keeps every worker and replica. Left empty: on in production, off elsewhere."
+        ),
+    )
+    store: GcsStoreConfig | None = Field(
+        default_factory=GcsStoreConfig,
+        description="The store the stack provisions for it (required when fault tolerance is on).",
+    )
 
 
 class EndpointExposure(StrictModel):
@@ -73,16 +137,22 @@ class RayServiceConfig(StrictModel):
             "without a ready replica, at the price of a second set of nodes during the rollout."
         ),
     )
-    cluster_deletion_delay_seconds: int = Field(
-        default=120,
+    cluster_deletion_delay_seconds: int | None = Field(
+        default=None,
         ge=0,
         le=3600,
         description=(
             "After a NewCluster switch, how long the old RayCluster lives on to finish the requests it already "
-            "has (KubeRay's rayClusterDeletionDelaySeconds); keep it above your longest request."
+            "has (KubeRay's rayClusterDeletionDelaySeconds). Left empty: serving.request_timeout_s plus 60 s. "
+            "Shorter than the request timeout is refused: a generation Serve still allows would be cut when "
+            "the old cluster goes."
         ),
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod size.")
+    gcs_fault_tolerance: GcsFaultToleranceConfig = Field(
+        default_factory=GcsFaultToleranceConfig,
+        description="GCS fault tolerance with an external store (KubeRay's gcsFaultToleranceOptions).",
+    )
     endpoint: EndpointExposure = Field(default_factory=EndpointExposure, description="How clients reach the endpoint.")
 
     @field_validator("namespace")

@@ -169,9 +169,35 @@ def serving_fits_node_groups(config: AppConfig) -> str | None:
     return None
 
 
+def gcs_fault_tolerance_has_a_store(config: AppConfig) -> str | None:
+    """GCS fault tolerance needs the store the stack provisions (KubeRay's embedded RocksDB backend sits
+    behind a feature gate that is off in KubeRay 1.7.0)."""
+    ft = config.ray_service.gcs_fault_tolerance
+    if config.gcs_fault_tolerant and ft.store is None:
+        why = "the default in production" if ft.enabled is None else "enabled: true"
+        return (
+            f"ray_service.gcs_fault_tolerance.store is empty, but fault tolerance is on ({why}): the GCS needs "
+            "a store to keep its state in; set store (for example {node_type: cache.t4g.small}) or enabled: false"
+        )
+    return None
+
+
 Rule = Callable[["AppConfig"], "str | None"]
 
+
 # The order AppConfig applies them in (the order they were written in as its validators).
+def deletion_delay_outlives_requests(config: AppConfig) -> str | None:
+    """The old cluster of a NewCluster upgrade lives at least as long as a request may take."""
+    delay, timeout = config.ray_service.cluster_deletion_delay_seconds, config.serving.request_timeout_s
+    if delay is not None and delay < timeout:
+        return (
+            f"ray_service.cluster_deletion_delay_seconds is {delay}, shorter than serving.request_timeout_s "
+            f"({timeout:g}): a NewCluster upgrade would cut requests Serve still allows when it deletes the old "
+            f"cluster; set it to at least {timeout:g}, or leave it out ({timeout:g} + 60)"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     zones_in_region,
     production_endpoint,
@@ -181,6 +207,8 @@ RULES: tuple[Rule, ...] = (
     surge_needs_ray_2_60,
     token_secret_in_region,
     amp_scrape_interval,
+    deletion_delay_outlives_requests,
+    gcs_fault_tolerance_has_a_store,
     serving_fits_node_groups,
 )
 

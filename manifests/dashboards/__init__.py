@@ -40,6 +40,8 @@ class Panel:
     unit: str
     promql: tuple[tuple[str, str], ...]  # (legend, PromQL with @vllm / @serve for the phase selector)
     cloudwatch: tuple[CloudWatchSeries, ...] = ()
+    phases: tuple[str, ...] = PHASES  # the rows it is drawn in
+    alarm_above: float | None = None  # drawn red above this value (Grafana threshold, CloudWatch annotation)
 
 
 def _quantiles(metric: str) -> tuple[tuple[str, str], ...]:
@@ -98,6 +100,21 @@ PANELS: tuple[Panel, ...] = (
             for source in ("local_compute", "external_kv_transfer")
         ),
     ),
+    # With P/D decode computes no prompt token itself. Above zero, KV pulls fail and
+    # kv_transfer.load_failure_policy recompute hides it as slow serving, as a stale NIXL peer after
+    # a prefill restart does (vLLM issue #49238): `make verify` names it and the remedy.
+    Panel(
+        "Prompt tokens recomputed (a failed KV pull; 0 when P/D works)",
+        "short",
+        (("tokens/s recomputed", _rate("ray_vllm_prompt_tokens_by_source_total", '@vllm,source="local_compute"')),),
+        (
+            CloudWatchSeries(
+                "ray_vllm_prompt_tokens_by_source_total", "Sum", "recomputed tokens", (("source", "local_compute"),)
+            ),
+        ),
+        phases=("decode",),
+        alarm_above=0,
+    ),
     Panel(
         "Errors",
         "reqps",
@@ -141,13 +158,21 @@ def grafana_dashboard() -> dict[str, Any]:
     for phase in PHASES:
         panels.append({"type": "row", "title": phase, "collapsed": False, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}})
         y += 1
-        for index, panel in enumerate(PANELS):
+        drawn = [p for p in PANELS if phase in p.phases]
+        for index, panel in enumerate(drawn):
+            defaults: dict[str, Any] = {"unit": panel.unit}
+            if panel.alarm_above is not None:
+                defaults["thresholds"] = {
+                    "mode": "absolute",
+                    "steps": [{"color": "green", "value": None}, {"color": "red", "value": panel.alarm_above}],
+                }
+                defaults["custom"] = {"thresholdsStyle": {"mode": "line+area"}}
             panels.append(
                 {
                     "type": "timeseries",
                     "title": f"{phase}: {panel.title}",
                     "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                    "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+                    "fieldConfig": {"defaults": defaults, "overrides": []},
                     "gridPos": {"x": (index % per_row) * width, "y": y + (index // per_row) * 8, "w": width, "h": 8},
                     "targets": [
                         {"refId": chr(ord("A") + i), "legendFormat": legend, "expr": _bind(expr, phase)}
@@ -155,7 +180,7 @@ def grafana_dashboard() -> dict[str, Any]:
                     ],
                 }
             )
-        y += -(-len(PANELS) // per_row) * 8
+        y += -(-len(drawn) // per_row) * 8
     for number, rendered in enumerate(panels, start=1):
         rendered["id"] = number
     return {
@@ -207,7 +232,7 @@ def cloudwatch_body(*, region: str, cluster_name: str, namespace: str, scrape_in
             }
         )
         y += 2
-        charts = [p for p in PANELS if p.cloudwatch]
+        charts = [p for p in PANELS if p.cloudwatch and phase in p.phases]
         for index, panel in enumerate(charts):
             metrics: list[list[Any]] = []
             for n, series in enumerate(panel.cloudwatch):
@@ -233,6 +258,11 @@ def cloudwatch_body(*, region: str, cluster_name: str, namespace: str, scrape_in
                         "view": "timeSeries",
                         "period": 60,
                         "metrics": metrics,
+                        **(
+                            {"annotations": {"horizontal": [{"label": "alarm", "value": panel.alarm_above}]}}
+                            if panel.alarm_above is not None
+                            else {}
+                        ),
                     },
                 }
             )

@@ -40,10 +40,14 @@ def charts(template) -> dict[str, dict]:
     return {r["Properties"]["Chart"]: r for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()}
 
 
-def test_each_ray_pod_mounts_the_secret_through_the_csi_driver(gated):
+def test_each_gpu_worker_mounts_the_secret_through_the_csi_driver_and_the_head_does_not(gated):
+    """Only the engine replicas read the token; on the head a missing secret would stop the cluster."""
     stack, _ = gated
     cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
-    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert all(v["name"] != hf_token.VOLUME for v in head.get("volumes", []))
+    assert "HF_TOKEN_PATH" not in {e["name"] for e in head["containers"][0].get("env", [])}
+    for group in cluster["workerGroupSpecs"]:
         pod = group["template"]["spec"]
         (volume,) = [v for v in pod["volumes"] if v["name"] == hf_token.VOLUME]
         assert volume["csi"] == {

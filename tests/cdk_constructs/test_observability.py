@@ -268,3 +268,21 @@ def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agen
         assert group["Properties"]["KmsKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
         assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == "Delete"
         assert logical_id in addon["DependsOn"]
+
+
+def test_decode_recomputing_the_prompt_is_drawn_as_an_alarm_in_both_dashboards():
+    """With P/D decode computes no prompt token: above zero, KV pulls fail (a stale NIXL peer after
+    a prefill restart, hidden by load_failure_policy recompute), and both dashboards show it red."""
+    from manifests.dashboards import cloudwatch_body, grafana_dashboard
+
+    titles = [p["title"] for p in grafana_dashboard()["panels"] if "recomputed" in p.get("title", "")]
+    assert titles == ["decode: Prompt tokens recomputed (a failed KV pull; 0 when P/D works)"]
+    (panel,) = [p for p in grafana_dashboard()["panels"] if p.get("title") == titles[0]]
+    assert panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1] == {"color": "red", "value": 0}
+    assert 'source="local_compute"' in panel["targets"][0]["expr"] and 'phase="decode"' in panel["targets"][0]["expr"]
+    body = cloudwatch_body(
+        region="us-east-2", cluster_name="pd-dev", namespace="ContainerInsights/Prometheus", scrape_interval_seconds=30
+    )
+    (widget,) = [w for w in body["widgets"] if "recomputed" in w.get("properties", {}).get("title", "")]
+    assert widget["properties"]["title"].startswith("decode: ")
+    assert widget["properties"]["annotations"]["horizontal"] == [{"label": "alarm", "value": 0}]

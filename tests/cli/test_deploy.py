@@ -13,9 +13,11 @@ import yaml
 
 from cli import deploy as cli_deploy
 from manifests.contract import PHASE_LABEL
+from tests.conftest import ROOT
 from tests.preview.catalog import ADMIN_A, ADMIN_B
 from tests.preview.conftest import dev
 from tests.preview.test_upgrade import DEPLOYED
+from verify.kube import RecordedKube
 
 
 def write_config(tmp_path, **decode_changes) -> str:
@@ -98,12 +100,15 @@ def test_make_preview_with_credentials_reads_the_sizes_and_the_deployed_template
         "response": {"TemplateBody": deployed},
     }
     outdir = tmp_path / "cdk.out"
+    # What kubectl printed: Ray's autoscaler has grown decode to 3 workers.
+    kube = RecordedKube(ROOT / "tests" / "fixtures" / "verify" / "serving-grown")
     with checkip_server("93.184.216.34\n") as url, recorded_aws("stack-deployed", then=[get_template]) as clients:
         argv = [str(config), "--preview-only", "--outdir", str(outdir), "--summary-only", "--checkip-url", url]
-        code = cli_deploy.main(argv, clients=clients)
+        code = cli_deploy.main(argv, clients=clients, kube=kube)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "node group sizes now: system 1, prefill 1, decode 2" in out
+    assert "serving replicas now: decode 3, prefill 1" in out
     assert out.count("the template stops setting DesiredSize") == 3
     assert "moves from" not in out and "REPLACED" not in out
     for admin in (ADMIN_A, ADMIN_B):

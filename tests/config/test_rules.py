@@ -109,6 +109,8 @@ def test_rules_run_in_the_order_the_validators_ran():
         "surge_needs_ray_2_60",
         "token_secret_in_region",
         "amp_scrape_interval",
+        "deletion_delay_outlives_requests",
+        "gcs_fault_tolerance_has_a_store",
         "serving_fits_node_groups",
     ]
 
@@ -305,4 +307,31 @@ def test_colocated_replicas_count_both_groups():
     assert rules.serving_fits_node_groups(too_many) == (
         "serving.colocated.max_replicas=5 can never be scheduled: the node group holds at most 4 replicas of TP 1; "
         "lower max_replicas or raise the node group's max_size"
+    )
+
+
+# deletion_delay_outlives_requests -------------------------------------------------------------------
+
+
+def test_deletion_delay_outlives_requests():
+    config = dev_config()
+    assert config.ray_service.cluster_deletion_delay_seconds is None
+    assert config.deletion_delay_seconds == 660  # the request timeout (600 s) and a minute
+    assert rules.deletion_delay_outlives_requests(config) is None
+    short = changed(config, "ray_service.cluster_deletion_delay_seconds", 120)
+    assert rules.deletion_delay_outlives_requests(short) == (
+        "ray_service.cluster_deletion_delay_seconds is 120, shorter than serving.request_timeout_s (600): a "
+        "NewCluster upgrade would cut requests Serve still allows when it deletes the old cluster; set it to at "
+        "least 600, or leave it out (600 + 60)"
+    )
+    assert (
+        rules.deletion_delay_outlives_requests(changed(config, "ray_service.cluster_deletion_delay_seconds", 600))
+        is None
+    )
+
+
+def test_deletion_delay_outlives_requests_refused_by_parse_config():
+    message = refused({"ray_service.cluster_deletion_delay_seconds": 120})
+    assert message == top_level(
+        rules.deletion_delay_outlives_requests(changed(dev_config(), "ray_service.cluster_deletion_delay_seconds", 120))
     )

@@ -109,7 +109,17 @@ def _cluster_upgrade_strategy(m):
 
 
 def _idle_timeout_without_v2(m):
+    m["spec"]["rayClusterConfig"]["autoscalerOptions"].pop("version")
     group(m, "prefill-gpu")["idleTimeoutSeconds"] = 300
+
+
+def _restart_always_with_v2(m):
+    group(m, "decode-gpu")["template"]["spec"]["restartPolicy"] = "Always"
+
+
+def _v2_in_both_places(m):
+    head = m["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"].append({"name": "RAY_enable_autoscaler_v2", "value": "1"})
 
 
 REJECTIONS = [
@@ -130,6 +140,11 @@ REJECTIONS = [
     (lambda m: m["metadata"].update(name="1-llm"), "RayService name should be a valid DNS1035 label"),
     (_cluster_upgrade_strategy, "upgradeStrategy cannot be set when RayCluster is created by RayService"),
     (_idle_timeout_without_v2, "idleTimeoutSeconds is set, but autoscaler v2 is not enabled"),
+    (
+        _restart_always_with_v2,
+        "restartPolicy for worker group decode-gpu should be Never or unset when using autoscaler V2",
+    ),
+    (_v2_in_both_places, "both .spec.autoscalerOptions.version and head Pod env var RAY_enable_autoscaler_v2 are set"),
     (
         lambda m: m["spec"].update(upgradeStrategy={"type": "NewClusterWithIncrementalUpgrade"}),
         "ClusterUpgradeOptions are required for NewClusterWithIncrementalUpgrade",
@@ -157,3 +172,19 @@ def test_rayservice_name_kuberay_refuses_is_a_config_error(dev_data, name, fix):
     (line,) = caught.value.problems
     assert line.startswith("ray_service.name: ")
     assert fix in line
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_kuberay_sets_every_pod_up_for_autoscaler_v2(env):
+    """Ray 2.58 runs autoscaler v2; with the version said, KubeRay gives every pod restartPolicy
+    Never, so a pod whose Ray died is replaced and the autoscaler can reclaim it."""
+    from config.loader import load_config
+    from kuberay.oracle import pod_restart_policy
+    from tests.conftest import CONFIG_DIR, rendered_ray_service
+
+    manifest = rendered_ray_service(load_config(CONFIG_DIR / f"{env}.yaml"))
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["autoscalerOptions"]["version"] == "v2"
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert pod_restart_policy(cluster, group) == "Never"
+    validate_ray_service(manifest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -326,8 +327,13 @@ def test_streaming_workers_install_the_model_streamer_the_image_lacks(variant):
         pod = group["template"]["spec"]
         (install,) = pod["initContainers"]
         assert install["image"] == pod["containers"][0]["image"]
-        assert install["command"][-len(MODEL_STREAMER_PACKAGES) :] == list(MODEL_STREAMER_PACKAGES)
-        assert install["command"][install["command"].index("--target") + 1] == MODEL_STREAMER_DIR
+        script = install["command"][-1]
+        assert all(f"{package} --hash=sha256:" in script for package in MODEL_STREAMER_PACKAGES)
+        assert f"--target {MODEL_STREAMER_DIR} " in script and "--require-hashes" in script
+        # Guaranteed: every container's requests equal its limits, the init container's too.
+        for container in (install, pod["containers"][0]):
+            assert container["resources"]["requests"] == container["resources"]["limits"], container["name"]
+            assert {"cpu", "memory"} <= set(container["resources"]["limits"])
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
         assert env["PYTHONPATH"] == MODEL_STREAMER_DIR
         assert {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR, "readOnly": True} in pod["containers"][0][
@@ -364,3 +370,51 @@ def test_streamer_packages_are_the_locked_ones():
     lock = (ROOT / "requirements-serve.txt").read_text().splitlines()
     for package in MODEL_STREAMER_PACKAGES:
         assert package in lock, f"{package} is not what requirements-serve.txt locks"
+
+
+def _run_install_script(tmp_path, **pip_env):
+    """The init container's script, run by sh with this venv's Python and pip, writing where ``tmp_path`` says."""
+    import os
+    import subprocess
+    import sys
+
+    from manifests.ray_service import model_streamer_install_script
+
+    script = model_streamer_install_script(
+        target=str(tmp_path / "target"), requirements=str(tmp_path / "req.txt"), termination_log=str(tmp_path / "log")
+    )
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **pip_env}
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_streamer_install_gives_up_at_once_without_pypi_and_says_why(tmp_path):
+    """No index reachable (a closed loopback port): pip's one try fails, and the reason is the pod's
+    termination message, instead of an hour of Init:CrashLoopBackOff."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    done = _run_install_script(tmp_path, PIP_INDEX_URL=f"http://127.0.0.1:{closed}/simple", PIP_CONFIG_FILE="/dev/null")
+    assert done.returncode == 1
+    assert "cannot install the Run:ai model streamer from PyPI" in (tmp_path / "log").read_text()
+
+
+def test_a_streamer_wheel_that_is_not_the_pinned_file_is_refused(tmp_path):
+    """The same names and versions, other bytes: pip's --require-hashes refuses them."""
+    import zipfile
+
+    links = tmp_path / "links"
+    links.mkdir()
+    for name in (
+        "runai_model_streamer-0.17.0-py3-none-manylinux_2_30_x86_64.whl",
+        "runai_model_streamer_s3-0.17.1-py3-none-manylinux_2_28_x86_64.whl",
+        "humanize-4.17.0-py3-none-any.whl",
+    ):
+        with zipfile.ZipFile(links / name, "w") as wheel:
+            wheel.writestr("not-the-real-wheel.txt", "substituted")
+    done = _run_install_script(tmp_path, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links), PIP_CONFIG_FILE="/dev/null")
+    assert done.returncode == 1
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr
+    assert not (tmp_path / "target" / "humanize").exists()

@@ -122,3 +122,36 @@ def test_max_surge_reaches_serve_with_a_ray_2_60_image():
 
     assert DeploymentConfig(max_surge_percent=100).max_surge_percent == 100
     ServeDeploySchema.model_validate(serve_config(config.serving, working_dir="s3://b/c.zip"))
+
+
+def test_a_new_cluster_starts_at_the_replicas_that_serve_and_the_count_starts_no_upgrade():
+    """`make deploy` reads each phase's worker replicas in the serving cluster (Ray's autoscaler grew
+    decode to 3): the RayService's groups carry them, within min..max, so KubeRay's NewCluster
+    upgrade builds the new cluster at that size; KubeRay's hash leaves replicas out, so the count
+    alone never starts an upgrade."""
+    from config.loader import load_config
+    from kuberay.oracle import cluster_spec_hash
+    from manifests.ray_service import ray_service
+    from serve_app.serve_config import serve_config_yaml
+    from tests.conftest import CONFIG_DIR
+
+    config = load_config(CONFIG_DIR / "prod.yaml")
+    serve = serve_config_yaml(config.serving, working_dir="s3://bucket/code.zip")
+
+    def rendered(replicas):
+        manifest = ray_service(
+            config,
+            serve_config_v2=serve,
+            service_account="ray-serve",
+            gcs_store_host="master.pd-prod-gcs.example.cache.amazonaws.com",
+            serving_replicas=replicas,
+        )
+        return manifest["spec"]["rayClusterConfig"]
+
+    plain, grown, beyond = rendered(None), rendered({"decode": 3, "prefill": 1}), rendered({"decode": 99})
+    by_group = lambda cluster: {g["groupName"]: g["replicas"] for g in cluster["workerGroupSpecs"]}  # noqa: E731
+    groups = config.cluster.gpu_node_groups
+    assert by_group(plain) == {"prefill-gpu": groups.prefill.desired_size, "decode-gpu": groups.decode.desired_size}
+    assert by_group(grown) == {"prefill-gpu": 1, "decode-gpu": 3}
+    assert by_group(beyond)["decode-gpu"] == groups.decode.max_size
+    assert cluster_spec_hash(plain) == cluster_spec_hash(grown) == cluster_spec_hash(beyond)

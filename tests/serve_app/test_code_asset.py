@@ -59,7 +59,7 @@ def test_ray_imports_build_app_from_the_s3_working_dir(published, tmp_path):
     script = textwrap.dedent(
         """
         import json, sys, ray
-        ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR",
+        ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR",
                  runtime_env={"working_dir": sys.argv[1]})
 
         @ray.remote

@@ -46,6 +46,8 @@ def _variants() -> dict[str, dict]:
             dev, {"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": [dev["network"]["vpc_cidr"]]}}
         ),
         "mirror-dev": with_changes(dev, {"model_mirror.enabled": True}),
+        # GCS fault tolerance outside production: one store node (prod has it on, with a replica).
+        "gcs-ft-dev": with_changes(dev, {"ray_service.gcs_fault_tolerance": {"enabled": True}}),
         "mirror-prod": with_changes(prod, {"model_mirror.enabled": True}),
         "cloudwatch": with_changes(dev, {"observability.backend": "cloudwatch"}),
         "no-observability": with_changes(dev, {"observability.backend": "none"}),

@@ -161,6 +161,18 @@ def test_kv_not_transferred_fails(after, expected):
     assert expected in result.evidence
 
 
+def test_decode_that_only_recomputes_is_named_with_the_stale_peer_and_the_remedy():
+    """Prefill computed the prompt, decode received none of it and computed it again: what a stale
+    NIXL peer after a prefill restart looks like under load_failure_policy recompute."""
+    result = checks.kv_transferred(counters(100, 100, 0, 2), counters(220, 100, 120, 3), 120)
+    assert not result.passed
+    assert "decode recomputes what prefill computed" in result.evidence
+    assert "vLLM issue #49238" in result.evidence and "kubectl delete pod -l ray.io/group=decode-gpu" in result.evidence
+    # A transfer that went through is not that alarm.
+    partial = checks.kv_transferred(counters(100, 100, 0, 2), counters(220, 220, 10, 3), 120)
+    assert "recomputes what prefill computed" not in partial.evidence
+
+
 def test_phase_counters_attribute_each_scrape_to_its_phase():
     text = (
         "# TYPE ray_vllm_prompt_tokens_by_source_total counter\n"

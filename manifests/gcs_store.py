@@ -1,0 +1,98 @@
+"""GCS fault tolerance as Kubernetes data: the RayCluster's ``gcsFaultToleranceOptions``, the
+SecretProviderClass that syncs the store's AUTH token into a Kubernetes Secret, and the CSI volume
+the head mounts so that the sync happens.
+
+How the token reaches the GCS, by reference only. KubeRay 1.7.0 (``configureRedisFT``,
+ray-operator/controllers/ray/common/pod.go) puts ``redisPassword`` into the head container as
+``REDIS_PASSWORD`` (``value`` or ``valueFrom``, as given) and sets ``rayStartParams['redis-password']
+= '$REDIS_PASSWORD'``; the head's ``ray start`` expands it. ``valueFrom.secretKeyRef`` needs a
+Kubernetes Secret, and the token lives in Secrets Manager. The Secrets Store CSI driver makes that
+Secret from the mounted object (``secretObjects``; driver v1.6.0, docs/book/src/topics/
+sync-as-kubernetes-secret.md): ``NodePublishVolume`` writes a SecretProviderClassPodStatus and its
+controller creates the Secret, owned by the mounting pods, so it exists only while a pod mounts the
+volume ("The secrets will only sync once you start a pod mounting the secrets"). The head mounts it
+itself: the kubelet mounts volumes before it starts the container and resolves the env var then; if
+the controller has not written the Secret yet, the container waits in CreateContainerConfigError and
+the kubelet retries. KubeRay's Redis cleanup Job is built from the head's pod template
+(``buildRedisCleanupJob``), so it mounts the volume too and finds the Secret after the head is gone.
+The token is never a template value, an env value in a manifest or a Serve config entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from manifests.hf_token import CSI_DRIVER
+
+PROVIDER_CLASS = "gcs-store-auth"
+# The Kubernetes Secret the driver syncs, and its key: what redisPassword's secretKeyRef names.
+SECRET_NAME = "gcs-store-auth"
+SECRET_KEY = "auth-token"
+VOLUME = "gcs-store-auth"
+MOUNT_PATH = "/var/run/secrets/gcs-store"
+FILE_NAME = "auth-token"
+# The port the ElastiCache replication group listens on (its security group admits only this).
+STORE_PORT = 6379
+# rediss://: Ray's GCS turns TLS on from the scheme (ray/_private/services.py, get_address, in Ray
+# 2.58.0), and so does KubeRay's Redis cleanup Job (use_ssl=parsed.scheme=='rediss').
+TLS_SCHEME = "rediss"
+
+
+def redis_address(host: str) -> str:
+    """KubeRay's ``redisAddress`` for the store's primary endpoint (a CloudFormation token at synth)."""
+    return f"{TLS_SCHEME}://{host}:{STORE_PORT}"
+
+
+def fault_tolerance_options(host: str) -> dict[str, Any]:
+    """``gcsFaultToleranceOptions`` (backend redis, KubeRay's default) for the store at ``host``.
+
+    ``externalStorageNamespace`` is left out on purpose: KubeRay then uses the RayCluster's UID
+    (``configureRedisFT``), so the two clusters of a NewCluster upgrade never share GCS keys, and
+    the cleanup Job of the old one deletes only its own.
+    """
+    return {
+        "redisAddress": redis_address(host),
+        "redisPassword": {"valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": SECRET_KEY}}},
+    }
+
+
+def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> dict[str, Any]:
+    """The SecretProviderClass that mounts the store's AUTH token (ASCP, Pod Identity) and syncs it
+    into the Kubernetes Secret ``SECRET_NAME``; ``secret_arn`` is the stack's secret (a token at synth)."""
+    objects = [{"objectName": secret_arn, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
+    return {
+        "apiVersion": "secrets-store.csi.x-k8s.io/v1",
+        "kind": "SecretProviderClass",
+        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
+        "spec": {
+            "provider": "aws",
+            "secretObjects": [
+                {"secretName": SECRET_NAME, "type": "Opaque", "data": [{"objectName": FILE_NAME, "key": SECRET_KEY}]}
+            ],
+            "parameters": {
+                "objects": yaml.safe_dump(objects, sort_keys=False),
+                "usePodIdentity": "true",
+                "region": region,
+            },
+        },
+    }
+
+
+def mount_on_head(head: dict[str, Any]) -> None:
+    """The CSI volume on the head pod (and so on KubeRay's cleanup Job), which makes the driver sync
+    the Secret that ``REDIS_PASSWORD`` is read from."""
+    pod = head["template"]["spec"]
+    pod.setdefault("volumes", []).append(
+        {
+            "name": VOLUME,
+            "csi": {
+                "driver": CSI_DRIVER,
+                "readOnly": True,
+                "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS},
+            },
+        }
+    )
+    container = pod["containers"][0]
+    container.setdefault("volumeMounts", []).append({"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True})
