@@ -20,6 +20,8 @@ export CHART_CACHE
 CHECKOV_VENV := .venv-checkov
 MODE ?= disaggregated
 ASSET ?=
+# make local HA=1: the cluster's shape, GCS fault tolerance on a loopback Redis (apt-get install redis-server).
+HA ?=
 # make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
 TEMPLATE ?=
 ALLOW_REPLACEMENT ?=
@@ -51,7 +53,7 @@ help:
 	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1]   preview, then cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
-	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1]   serve_app on this CPU at http://127.0.0.1:8000/v1"
+	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1]   serve_app on this CPU at http://127.0.0.1:8000/v1"
 	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
 	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
@@ -129,8 +131,9 @@ test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest -m "not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
+# HA=1: a head with no resources and GCS fault tolerance on a loopback Redis, a worker node per phase.
 local: $(VENV)/.serve node_modules/.installed
-	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(LOCAL_ARGS)
+	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(if $(HA),--gcs-fault-tolerance) $(LOCAL_ARGS)
 
 bench: $(VENV)/.serve
 	@test -n "$(URL)" || { echo "make bench needs URL=<OpenAI base URL>, e.g. URL=http://127.0.0.1:8000/v1"; exit 2; }

@@ -58,6 +58,9 @@ def start_ray(
     import ray
 
     ray.init(
+        # A new Ray of its own even where a `ray start` left its address in /tmp/ray/ray_current_cluster,
+        # which a bare ray.init() would try to join.
+        address="local",
         num_cpus=num_cpus,
         resources=resources,
         include_dashboard=False,
@@ -120,3 +123,57 @@ def replica_log_files(deployment: str) -> list[Path]:
         if "ServeReplica:" in head and f":{deployment}" in head:
             files.append(out.with_suffix(".err"))
     return files
+
+
+# --- the cluster's shape on this machine (local/cluster.py) ----------------------------------------
+# ``ray start`` itself is public; these parts of it are not, or not quite:
+#
+# - ``--redis-password`` is a hidden flag of ``ray start`` (ray/scripts/scripts.py), though Ray's
+#   and KubeRay's GCS fault tolerance docs use it; Ray hands it to gcs_server on its command line.
+# - ``RAY_external_storage_namespace``: Ray's system config read from the environment (what
+#   KubeRay sets from the RayCluster's uid), so that two clusters on one Redis keep apart.
+# - ``--system-config`` is a hidden flag (JSON of Ray's private system config).
+# - ``RAY_SERVE_WORKER_PROXY_HTTP_PORT`` (ray/serve/_private/constants.py, read by the proxy in
+#   ray/serve/_private/proxy.py, apply_per_node_port_overrides): the HTTP port a worker node's
+#   Serve proxy binds instead of http_options.port; the head's proxy keeps http_options.port.
+# - ``ray.init(_temp_dir=...)``: with several nodes on one machine the driver attaches to the head's
+#   raylet unless a temp dir names another node (ray/_private/services.py,
+#   get_node_to_connect_for_driver); a driver whose raylet dies dies with it. And
+#   ``ray._raylet.Config.initialize("")``, which rereads RAY_AUTH_MODE after Ray was imported.
+
+WORKER_PROXY_HTTP_PORT_ENV = "RAY_SERVE_WORKER_PROXY_HTTP_PORT"
+
+
+def redis_password_args(password: str) -> list[str]:
+    return [f"--redis-password={password}"]
+
+
+def gcs_fault_tolerance_env(redis_address: str, *, namespace: str) -> dict[str, str]:
+    """The head's environment for GCS fault tolerance on an external Redis (``RAY_REDIS_ADDRESS`` is
+    public; the namespace is Ray's system config, as KubeRay sets it)."""
+    return {"RAY_REDIS_ADDRESS": redis_address, "RAY_external_storage_namespace": namespace}
+
+
+def system_config_args(metrics_report_interval_ms: int = 1000) -> list[str]:
+    """The head's private system config (see start_ray): engine counters within a second."""
+    import json
+
+    return [f"--system-config={json.dumps({'metrics_report_interval_ms': metrics_report_interval_ms})}"]
+
+
+def connect_driver(address: str, *, node_temp_dir: str) -> None:
+    """This process as a driver of the cluster at ``address``, attached to the node whose Ray temp
+    dir is ``node_temp_dir`` (a worker node: it outlives a head restart)."""
+    import ray
+    from ray._raylet import Config
+
+    # Ray reads RAY_AUTH_MODE into its cached config at import; the cluster set it since
+    # (ray/_private/authentication/authentication_token_setup.py refreshes it the same way).
+    Config.initialize("")
+    ray.init(address=address, _temp_dir=node_temp_dir, logging_level="WARNING")
+
+
+def serve_controller_logs(node_temp_dir: str) -> list[Path]:
+    """The Serve controller's logs in a node's Ray temp dir (the layout replica_log_files reads:
+    ``session_latest/logs/serve/controller_<pid>.log``)."""
+    return sorted((Path(node_temp_dir) / "session_latest" / "logs" / "serve").glob("controller_*.log"))

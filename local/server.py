@@ -2,6 +2,7 @@
 
     python -m local.server [--mode disaggregated|colocated] [--port 8000] [--metrics-port 8085]
                            [--nixl-port-base 20000] [--code-from-asset config/dev.yaml]
+                           [--gcs-fault-tolerance | --ray-cluster]
 
 It generates the tiny model if needed, starts Ray with one custom resource per phase (as the
 cluster's worker groups advertise them), runs ``serve_app.app:build_app`` with the local serving
@@ -29,15 +30,22 @@ synthesized, the CDK CLI publishes its assets to an S3 server on loopback (moto)
 deploys the application from a Serve config whose ``runtime_env.working_dir`` is the asset's
 ``s3://`` URI, so Ray's runtime_env agent downloads and unpacks the very zip `make deploy` uploads.
 
+With ``--gcs-fault-tolerance`` (make local HA=1) Ray runs in the cluster's shape: a head with no
+resources and GCS fault tolerance on a Redis server on loopback, and one worker node per phase
+(``local/cluster.py``); requests go through the worker nodes' Serve proxies on ``--port``, never
+through the head, so the head's GCS can die and come back while the worker nodes stay.
+``--ray-cluster`` is the same shape without fault tolerance (what a head restart costs without it).
+
 The parts: ``paths`` (the run's files), ``ports``, ``leftovers``, ``assets`` (loopback S3),
-``readiness``, ``shutdown``, ``lifecycle`` (processes, from /proc) and ``ray_internals`` (every
-private Ray API used, in one place).
+``readiness``, ``shutdown``, ``cluster`` (the multi-node shape), ``lifecycle`` (processes, from
+/proc) and ``ray_internals`` (every private Ray API used, in one place).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -48,7 +56,7 @@ from local.errors import StartupFailure
 from local.paths import DEFAULT_SPEC, ROOT, RUN_DIR, RUN_RECORD, STATUS_FILE, write_json
 from local.ports import check_ports, ports_to_bind
 from local.readiness import wait_until_ready
-from serve_app.spec import PHASE_RESOURCE, PHASES, ServingSpec, load_spec
+from serve_app.spec import PHASE_RESOURCE, PHASE_RESOURCE_PER_BUNDLE, PHASES, ServingSpec, load_spec
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -97,6 +105,11 @@ def serve(args: argparse.Namespace) -> int:
     code = 0
     with ExitStack() as resources:
         try:
+            if args.gcs_fault_tolerance:
+                from local.cluster import REDIS_MISSING, REDIS_SERVER
+
+                if shutil.which(REDIS_SERVER) is None:
+                    raise StartupFailure(REDIS_MISSING)
             stopped = leftovers.sweep(shutdown.say)
             ports = ports_to_bind(spec, args)
             check_ports(ports, stopped=stopped)
@@ -149,12 +162,14 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         raise StartupFailure(f"the code asset of {args.code_from_asset} could not be prepared: {exc}") from None
     if note := ray_internals.version_note():
         shutdown.say(note)
-    # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
-    ray_internals.start_ray(
-        num_cpus=cpus_needed(spec),
-        resources={resource: 1 for resource in PHASE_RESOURCE.values()},
-        metrics_export_port=args.metrics_port,
-    )
+    cluster = _start_cluster(spec, args, resources) if (args.gcs_fault_tolerance or args.ray_cluster) else None
+    if cluster is None:
+        # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
+        ray_internals.start_ray(
+            num_cpus=cpus_needed(spec),
+            resources={resource: 1 for resource in PHASE_RESOURCE.values()},
+            metrics_export_port=args.metrics_port,
+        )
     shutdown.install_signal_handlers()  # ray.init installs a SIGTERM handler of its own in the driver
     base_url = f"http://127.0.0.1:{args.port}/v1"
     metrics_url = f"http://127.0.0.1:{args.metrics_port}/metrics"
@@ -164,6 +179,18 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         config = serve_config(spec, working_dir=code_url)
         config["http_options"].update(host="127.0.0.1", port=args.port)
         ray_internals.deploy_serve_config(config)
+    elif cluster is not None:
+        # A proxy on every node with a replica (the worker nodes, on --port) and on the head, on a
+        # port of its own that no client uses (local/cluster.py).
+        ray_serve.start(
+            proxy_location="EveryNode",
+            http_options={
+                "host": "127.0.0.1",
+                "port": cluster.head_proxy_port,
+                "request_timeout_s": spec.request_timeout_s,
+            },
+        )
+        ray_internals.submit_app(_app_off_the_head(spec), name=spec.app_name, route_prefix="/")
     else:
         ray_serve.start(
             http_options={"host": "127.0.0.1", "port": args.port, "request_timeout_s": spec.request_timeout_s}
@@ -196,9 +223,50 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
                 "code_endpoint": s3.endpoint if s3 else None,
                 "model_source": spec.model.source,
                 "replicas": replica_map(),
+                **({"cluster": cluster.status()} if cluster else {}),
             },
         )
         time.sleep(2)
+
+
+def _start_cluster(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack):
+    """The cluster's shape (local/cluster.py), with this process a driver on the decode node."""
+    from local.cluster import LocalCluster, free_port
+
+    if spec.mode != "disaggregated":
+        raise StartupFailure("--gcs-fault-tolerance and --ray-cluster run the disaggregated mode only")
+    if args.code_from_asset:
+        raise StartupFailure("--gcs-fault-tolerance and --ray-cluster serve this checkout (not --code-from-asset)")
+    cluster = LocalCluster(
+        resources={phase: {PHASE_RESOURCE[phase]: 1} for phase in PHASES},
+        cpus={phase: max(1, int(sum(b["CPU"] for b in spec.placement_bundles(phase)) + 0.999)) for phase in PHASES},
+        http_port=args.port,
+        # The decode node exports on --metrics-port: the counters readiness and the tests read.
+        metrics_ports={"head": free_port(), "prefill": free_port(), "decode": args.metrics_port},
+        fault_tolerant=args.gcs_fault_tolerance,
+        stopping=shutdown.stopping,
+        say=shutdown.say,
+    )
+    resources.callback(cluster.forget)
+    cluster.start()
+    # On a worker node: the driver outlives the head (a driver dies with the raylet it is on).
+    ray_internals.connect_driver(cluster.address, node_temp_dir=str(cluster.temp_dir("decode")))
+    shutdown.say(
+        f"ray: a head with no resources{' and GCS fault tolerance on Redis' if cluster.fault_tolerant else ''}, "
+        f"worker nodes {', '.join(PHASES)} (GCS {cluster.address})"
+    )
+    return cluster
+
+
+def _app_off_the_head(spec: ServingSpec):
+    """The app, its ingress placed on the decode worker node: with no CPU asked, Ray could put it on
+    the head, and every request would go through the head."""
+    from ray.serve import llm
+
+    builder, builder_args = spec.builder_args()
+    options = builder_args["ingress_deployment_config"]["ray_actor_options"]
+    options["resources"] = {PHASE_RESOURCE["decode"]: PHASE_RESOURCE_PER_BUNDLE}
+    return getattr(llm, builder)(builder_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +297,18 @@ def main(argv: list[str] | None = None) -> int:
         "--code-from-asset",
         metavar="CONFIG",
         help="serve serve_app from CONFIG's synthesized code asset, fetched by Ray from a loopback S3",
+    )
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--gcs-fault-tolerance",
+        action="store_true",
+        help="the cluster's shape: a head with no resources, GCS fault tolerance on a loopback Redis "
+        "(apt-get install redis-server), a worker node per phase",
+    )
+    shape.add_argument(
+        "--ray-cluster",
+        action="store_true",
+        help="the same shape without GCS fault tolerance (a head restart restarts everything)",
     )
     return serve(parser.parse_args(argv))
 

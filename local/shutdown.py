@@ -86,6 +86,11 @@ def _on_signal(signum, _frame):
     stop_now()
 
 
+def stopping() -> bool:
+    """Whether the run is stopping (a signal came, or the shutdown began): nothing starts again."""
+    return _signals_seen > 0 or _exiting.locked()
+
+
 def forget_run() -> None:
     """Removes the status file, and the run record if it is this run's."""
     STATUS_FILE.unlink(missing_ok=True)

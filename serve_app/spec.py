@@ -33,7 +33,7 @@ MANAGED_ENGINE_KWARGS = {
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-STREAM_CALLBACK = "serve_app.callbacks:StreamWeightsFromS3"
+ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
 SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
@@ -446,13 +446,16 @@ class ServingSpec(SpecModel):
         experimental = self.experimental_configs(phase)
         if experimental:
             config["experimental_configs"] = experimental
+        callback_kwargs: dict[str, Any] = {}
+        if phase in KV_ROLE:
+            # NIXL's import would close Serve's log handlers in the replica (serve_app/callbacks.py).
+            callback_kwargs["kv_transfer"] = True
         if self.model.streams:
             # Ray 2.58 skips its download for a streaming load format and then hands vLLM the model
-            # id, not the S3 URI (2.60 resolves it); this callback names the URI in both.
-            config["callback_config"] = {
-                "callback_class": STREAM_CALLBACK,
-                "callback_kwargs": {"model_uri": self.model.source},
-            }
+            # id, not the S3 URI (2.60 resolves it); the callback names the URI in both.
+            callback_kwargs["model_uri"] = self.model.source
+        if callback_kwargs:
+            config["callback_config"] = {"callback_class": ENGINE_CALLBACK, "callback_kwargs": callback_kwargs}
         return config
 
     def side_channel_port(self, phase: str) -> int:

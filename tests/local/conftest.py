@@ -31,6 +31,12 @@ LIVE_SERVERS = {
         code_from_asset=CONFIG_DIR / "dev.yaml",
         extra_args=["--model-from-s3"],
     ),
+    # The cluster's shape: a head with no resources, a worker node per phase, and GCS fault tolerance
+    # on a loopback Redis (local/cluster.py); then the same shape without it.
+    "gcs-fault-tolerant": dict(
+        mode="disaggregated", port=8000, metrics_port=8085, extra_args=["--gcs-fault-tolerance"]
+    ),
+    "ray-cluster": dict(mode="disaggregated", port=8000, metrics_port=8085, extra_args=["--ray-cluster"]),
 }
 # The order the tests run in (a test's node id ends with one of these): each shared server's tests
 # together, and the kill -9 test right before the disaggregated server's, as that server is its
@@ -41,6 +47,7 @@ ORDER = [
     "test_local_lifecycle.py::test_after_a_kill_9_the_next_start_cleans_up_and_serves",
     "test_local_streaming.py",
     "test_local_disaggregated.py",
+    "test_local_gcs_fault_tolerance.py",
     "test_local_lifecycle.py",
 ]
 

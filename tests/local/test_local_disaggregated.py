@@ -342,26 +342,32 @@ def test_killing_prefill_under_load_fails_fast_and_recovers(server, client):
             break
         except openai.APIError:
             time.sleep(5)
-    report_measurement(
-        "prefill-killed-under-load",
-        {
-            **summary(records, 45),
-            "errors": sorted({r["outcome"] for r in errors}),
-            "recovered_after_s": round(recovered_after or -1, 1),
-        },
-    )
     assert recovered_after is not None, "no successful request within 10 minutes of the kill"
 
-    # ...and decode again takes the prompt's KV from the new prefill replica.
+    # ...and decode again takes the prompt's KV from the new prefill replica (the new NIXL peer),
+    # computing none of it: a transfer, not a recompute.
     before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after-recovery", 90), max_tokens=4)
     after = wait_for_counters(
         server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", response.usage.prompt_tokens
     )
+    transferred_after = time.monotonic() - killed_at
+    report_measurement(
+        "prefill-killed-under-load",
+        {
+            **summary(records, 45),
+            "errors": sorted({r["outcome"] for r in errors}),
+            "recovered_after_s": round(recovered_after, 1),
+            "kv_transfer_from_the_new_prefill_after_s": round(transferred_after, 1),
+            "prefill_pids_killed": victims,
+            "prefill_pids_after": prefill_replica_pids(server.process.pid),
+        },
+    )
     assert (
         counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
         == response.usage.prompt_tokens
     )
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
 
 
 def test_verify_checks_pass_against_the_live_local_server(server):
