@@ -292,8 +292,8 @@ def test_s3_mirrored_model_is_readable(tmp_path):
     # Streamed, not downloaded: vLLM reads the safetensors from S3 and is told the URI on Ray 2.58 too.
     assert decode["engine_kwargs"]["load_format"] == "runai_streamer"
     assert decode["callback_config"] == {
-        "callback_class": "serve_app.callbacks:StreamWeightsFromS3",
-        "callback_kwargs": {"model_uri": "s3://my-models/qwen2.5-7b"},
+        "callback_class": "serve_app.callbacks:EngineCallbacks",
+        "callback_kwargs": {"kv_transfer": True, "model_uri": "s3://my-models/qwen2.5-7b"},
     }
 
 
