@@ -58,19 +58,9 @@ def checkip_server(answer: str):
         yield f"{url}/"
 
 
-# Each service's client, by the keyword deploy_guard.check takes it with.
-CLIENTS = {
-    "sts": "sts",
-    "iam": "iam",
-    "quotas": "service-quotas",
-    "ec2": "ec2",
-    "secretsmanager": "secretsmanager",
-    "kms": "kms",
-    "cloudformation": "cloudformation",
-    "s3": "s3",
-    "logs": "logs",
-    "eks": "eks",
-}
+# Each service's client, by the keyword deploy_guard.check takes it with (boto3's service names:
+# test_aws_clients_are_every_client_check_takes checks them against botocore's models).
+CLIENTS = deploy_guard.SERVICES
 
 
 @contextmanager
