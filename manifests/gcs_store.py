@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from manifests.hf_token import CSI_DRIVER
+from manifests.hf_token import CSI_DRIVER, aws_secret_provider_class
 
 PROVIDER_CLASS = "gcs-store-auth"
 # The Kubernetes Secret the driver syncs, and its key: what redisPassword's secretKeyRef names.
@@ -61,23 +59,16 @@ def fault_tolerance_options(host: str) -> dict[str, Any]:
 def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> dict[str, Any]:
     """The SecretProviderClass that mounts the store's AUTH token (ASCP, Pod Identity) and syncs it
     into the Kubernetes Secret ``SECRET_NAME``; ``secret_arn`` is the stack's secret (a token at synth)."""
-    objects = [{"objectName": secret_arn, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
-    return {
-        "apiVersion": "secrets-store.csi.x-k8s.io/v1",
-        "kind": "SecretProviderClass",
-        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
-        "spec": {
-            "provider": "aws",
-            "secretObjects": [
-                {"secretName": SECRET_NAME, "type": "Opaque", "data": [{"objectName": FILE_NAME, "key": SECRET_KEY}]}
-            ],
-            "parameters": {
-                "objects": yaml.safe_dump(objects, sort_keys=False),
-                "usePodIdentity": "true",
-                "region": region,
-            },
-        },
-    }
+    return aws_secret_provider_class(
+        name=PROVIDER_CLASS,
+        namespace=namespace,
+        secret=secret_arn,
+        alias=FILE_NAME,
+        region=region,
+        secret_objects=[
+            {"secretName": SECRET_NAME, "type": "Opaque", "data": [{"objectName": FILE_NAME, "key": SECRET_KEY}]}
+        ],
+    )
 
 
 def mount_on_head(head: dict[str, Any]) -> None:

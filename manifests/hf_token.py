@@ -38,22 +38,40 @@ def container_env() -> dict[str, str]:
     return {"name": "HF_TOKEN_PATH", "value": TOKEN_PATH}
 
 
-def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
-    """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
-    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": FILE_NAME}]
+def aws_secret_provider_class(
+    *,
+    name: str,
+    namespace: str,
+    secret: str,
+    alias: str,
+    region: str,
+    secret_objects: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A SecretProviderClass of AWS's provider (ASCP) that mounts one Secrets Manager secret as the
+    file ``alias``, read with the mounting pod's Pod Identity role; ``secret_objects`` also syncs it
+    into Kubernetes Secrets (the driver's ``syncSecret``)."""
+    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": alias}]
+    spec: dict[str, Any] = {"provider": "aws"}
+    if secret_objects:
+        spec["secretObjects"] = secret_objects
+    spec["parameters"] = {
+        "objects": yaml.safe_dump(objects, sort_keys=False),
+        "usePodIdentity": "true",
+        "region": region,
+    }
     return {
         "apiVersion": "secrets-store.csi.x-k8s.io/v1",
         "kind": "SecretProviderClass",
-        "metadata": {"name": PROVIDER_CLASS, "namespace": namespace},
-        "spec": {
-            "provider": "aws",
-            "parameters": {
-                "objects": yaml.safe_dump(objects, sort_keys=False),
-                "usePodIdentity": "true",
-                "region": region,
-            },
-        },
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
     }
+
+
+def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
+    """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
+    return aws_secret_provider_class(
+        name=PROVIDER_CLASS, namespace=namespace, secret=secret, alias=FILE_NAME, region=region
+    )
 
 
 def driver_values(*, sync_secrets: bool = False) -> dict[str, Any]:
