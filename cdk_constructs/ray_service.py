@@ -67,6 +67,8 @@ class RayServiceApp(Construct):
             `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
         gcs_store: the GCS fault-tolerance store when ``ray_service.gcs_fault_tolerance`` is on (its
             host goes into ``render_manifest``); its AUTH token reaches the head through the CSI driver.
+        streamer_wheels: (bucket, prefix) of the model streamer's wheels in the stack's mirror, which
+            the streaming GPU workers' init container fetches (``manifests.ray_service.streamer_wheels_location``).
 
     ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
     makes it depend on what must outlive it on teardown (the load balancer controller, the nodes).
@@ -85,6 +87,7 @@ class RayServiceApp(Construct):
         operator: Construct,
         token_key_arn: str | None = None,
         gcs_store: GcsStore | None = None,
+        streamer_wheels: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(scope, id_)
         rs = ray_service
@@ -109,7 +112,7 @@ class RayServiceApp(Construct):
                 resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
             )
         )
-        self._grant_model_access(serving, token_key_arn)
+        self._grant_model_access(serving, token_key_arn, streamer_wheels)
         # The CSI driver and AWS's provider, for the token's mount and for the GCS store's Secret sync.
         self.secrets_store = None
         if serving.model.hf_token_secret or gcs_store:
@@ -164,7 +167,9 @@ class RayServiceApp(Construct):
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )
 
-    def _grant_model_access(self, serving: ServingSpec, token_key_arn: str | None) -> None:
+    def _grant_model_access(
+        self, serving: ServingSpec, token_key_arn: str | None, streamer_wheels: tuple[str, str] | None
+    ) -> None:
         model = serving.model
         if model.hf_token_secret:
             # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
@@ -190,4 +195,15 @@ class RayServiceApp(Construct):
                 self.service_account,
                 f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{objects}]",
                 "A model mirror is many files under one prefix; the pods may only read that prefix.",
+            )
+        if streamer_wheels:
+            bucket_name, prefix = streamer_wheels
+            wheels = s3.Bucket.from_bucket_name(self, "StreamerWheelsBucket", bucket_name)
+            self.service_account.add_to_principal_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[wheels.arn_for_objects(f"{prefix}/*")])
+            )
+            acknowledge(
+                self.service_account,
+                f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
+                "The model streamer's wheels, one file per package under one prefix; the init container reads them.",
             )

@@ -134,6 +134,14 @@ MODEL_STREAMER_SHA256 = {
     "runai-model-streamer-s3==0.17.1": "059a03fd88edb636bc5f4c04f701d7887a3bf56426f506b6c491f47844148254",
     "humanize==4.17.0": "02d0899527760efe18011944f882df4970943b4cdff7b5a0ba7fed43a576ef98",
 }
+MODEL_STREAMER_WHEEL_FILES = {
+    "runai-model-streamer==0.17.0": "runai_model_streamer-0.17.0-py3-none-manylinux_2_30_x86_64.whl",
+    "runai-model-streamer-s3==0.17.1": "runai_model_streamer_s3-0.17.1-py3-none-manylinux_2_28_x86_64.whl",
+    "humanize==4.17.0": "humanize-4.17.0-py3-none-any.whl",
+}
+# What `pip download` is told the serving image is, so that the mirror Job (another Python, on
+# the system node) fetches exactly the files above.
+MODEL_STREAMER_PLATFORM = ("manylinux_2_34_x86_64", "3.13")
 
 # `make mirror-model`'s Job: a small Python image from ECR Public (reached through the NAT gateway)
 # and what its script needs, huggingface_hub and boto3 with all their dependencies (installed

@@ -71,6 +71,9 @@ METRICS_PORT = 8080
 # Every Ray pod exports its node's metrics on the container port of this name; the scrapers keep it.
 METRICS_PORT_NAME = "metrics"
 RAY_SERVICE_ACCOUNT = "ray-serve"
+# Where `make mirror-model` puts the model streamer's wheels in the mirror bucket, beside the models'
+# prefixes, and where the streaming GPU workers fetch them from.
+STREAMER_WHEELS_PREFIX = "_wheels/model-streamer"
 MIRROR_SERVICE_ACCOUNT = "model-mirror"
 
 # --- Helm releases and their namespaces -------------------------------------------------------------

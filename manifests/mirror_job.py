@@ -10,8 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from config.schema import AppConfig
-from config.versions import MIRROR_JOB_IMAGE, MIRROR_JOB_PACKAGES
-from manifests.contract import MIRROR_SERVICE_ACCOUNT, SYSTEM_NODE_SELECTOR
+from config.versions import (
+    MIRROR_JOB_IMAGE,
+    MIRROR_JOB_PACKAGES,
+    MODEL_STREAMER_PACKAGES,
+    MODEL_STREAMER_PLATFORM,
+    MODEL_STREAMER_SHA256,
+)
+from manifests.contract import MIRROR_SERVICE_ACCOUNT, STREAMER_WHEELS_PREFIX, SYSTEM_NODE_SELECTOR
 from manifests.hf_token import TOKEN_PATH, container_mount, pod_volume
 
 # The Job's own program, shipped to the pod as a ConfigMap.
@@ -19,6 +25,25 @@ JOB_SCRIPT = Path(__file__).resolve().parent.parent / "mirror" / "job.py"
 # The Ray pods' token volume, mount and path: the same SecretProviderClass serves the Job.
 TOKEN_VOLUME = pod_volume()
 TOKEN_MOUNT = container_mount()
+
+
+WHEELS_DIR = "/tmp/wheels"
+
+
+def streamer_download_script(directory: str) -> str:
+    """pip downloads the model streamer's wheels for the serving image's Python and platform, each
+    checked against its pinned hash, so that the GPU workers can install them from the mirror."""
+    platform, python = MODEL_STREAMER_PLATFORM
+    lines = " ".join(
+        shlex.quote(f"{package} --hash=sha256:{MODEL_STREAMER_SHA256[package]}") for package in MODEL_STREAMER_PACKAGES
+    )
+    requirements = f"{directory}.txt"
+    return (
+        f"printf '%s\\n' {lines} > {shlex.quote(requirements)} && "
+        "pip download --quiet --no-cache-dir --disable-pip-version-check --no-deps --only-binary=:all: "
+        f"--require-hashes --platform {platform} --python-version {python} --implementation cp "
+        f"-d {shlex.quote(directory)} -r {shlex.quote(requirements)}"
+    )
 
 
 def job_name(config: AppConfig) -> str:
@@ -32,10 +57,18 @@ def manifests(config: AppConfig, *, repo: str, prefix: str, revision: str = "mai
     env = [{"name": "AWS_REGION", "value": config.aws.region}, {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"}]
     if gated:
         env.append({"name": "HF_TOKEN_PATH", "value": TOKEN_PATH})
-    script = (
-        f"pip install --quiet --no-cache-dir --no-deps {' '.join(MIRROR_JOB_PACKAGES)} && "
-        "python /mirror/job.py "
-        + shlex.join(["--repo", repo, "--revision", revision, "--bucket", config.mirror_bucket, "--prefix", prefix])
+    script = " && ".join(
+        [
+            f"pip install --quiet --no-cache-dir --no-deps {' '.join(MIRROR_JOB_PACKAGES)}",
+            streamer_download_script(WHEELS_DIR),
+            "python /mirror/job.py "
+            + shlex.join(
+                [
+                    *("--repo", repo, "--revision", revision, "--bucket", config.mirror_bucket, "--prefix", prefix),
+                    *("--wheels", WHEELS_DIR, "--wheels-prefix", STREAMER_WHEELS_PREFIX),
+                ]
+            ),
+        ]
     )
     container = {
         "name": "mirror",

@@ -10,7 +10,7 @@ from typing import Any
 
 from config import catalog
 from config.schema import AppConfig, RayServiceConfig
-from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_SHA256
+from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_SHA256, MODEL_STREAMER_WHEEL_FILES
 from manifests import gcs_store, hf_token
 from manifests.contract import (
     CLIENT_PORT,
@@ -27,6 +27,7 @@ from manifests.contract import (
     PHASES,
     ROLE_LABEL,
     SERVE_PORT,
+    STREAMER_WHEELS_PREFIX,
     SYSTEM_NODE_SELECTOR,
     WORKER_CONTAINER,
     gpu_tolerations,
@@ -58,49 +59,93 @@ def _region_env(config: AppConfig) -> list[dict[str, str]]:
     return [{"name": name, "value": config.aws.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
 
 
+# The serving image's boto3 (Pod Identity credentials, the VPC's S3 gateway endpoint) fetches each
+# wheel once: a bounded wait, so an unreachable or empty mirror stops the pod in seconds.
+_FETCH_WHEELS = """
+import os, sys
+import boto3
+from botocore.config import Config
+bucket, prefix, directory, *names = sys.argv[1:]
+s3 = boto3.client("s3", config=Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 2}))
+os.makedirs(directory, exist_ok=True)
+for name in names:
+    s3.download_file(bucket, prefix + "/" + name, os.path.join(directory, name))
+"""
+
+
+def streamer_wheels_location(config: AppConfig) -> tuple[str, str] | None:
+    """(bucket, prefix) of the model streamer's wheels when the engines stream from the stack's own
+    mirror, which `make mirror-model` fills with them; None when the pods install them from PyPI."""
+    model = config.serving.model
+    if not (model.streams and model.is_s3 and config.model_mirror.enabled):
+        return None
+    bucket = model.source.removeprefix("s3://").split("/", 1)[0]
+    return (bucket, STREAMER_WHEELS_PREFIX) if bucket == config.mirror_bucket else None
+
+
 def model_streamer_install_script(
+    *,
+    wheels_from: tuple[str, str] | None = None,
     target: str = MODEL_STREAMER_DIR,
-    requirements: str = "/tmp/model-streamer.txt",
+    scratch: str = "/tmp/model-streamer",
     termination_log: str = "/dev/termination-log",
+    pinned: Mapping[str, tuple[str, str]] | None = None,
 ) -> str:
     """The init container's shell script: pip installs exactly the pinned wheels, each checked against
-    its hash, giving up at once when PyPI is out of reach; the reason goes to the termination message,
-    which Kubernetes shows in the pod's status."""
-    pinned = " ".join(
-        shlex.quote(f"{package} --hash=sha256:{MODEL_STREAMER_SHA256[package]}") for package in MODEL_STREAMER_PACKAGES
-    )
-    pip = " ".join(
-        [
-            "python -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps",
-            "--only-binary=:all: --require-hashes --retries 0 --timeout 20",
-            f"--target {shlex.quote(target)} -r {shlex.quote(requirements)}",
-        ]
-    )
-    failure = (
-        "cannot install the Run:ai model streamer from PyPI (through the VPC's NAT gateway), or a wheel's hash "
-        "differs from config/versions.py; the pod stops here"
-    )
+    its hash, from the stack's mirror bucket (``wheels_from``) or else from PyPI, giving up at once
+    when they are out of reach; the reason goes to the termination message, which Kubernetes shows in
+    the pod's status. ``pinned`` maps each requirement to its wheel's file name and sha256."""
+    pinned = pinned or {
+        package: (MODEL_STREAMER_WHEEL_FILES[package], MODEL_STREAMER_SHA256[package])
+        for package in MODEL_STREAMER_PACKAGES
+    }
+    requirements = f"{scratch}/requirements.txt"
+    lines = " ".join(shlex.quote(f"{package} --hash=sha256:{sha256}") for package, (_, sha256) in pinned.items())
+    pip = [
+        "python -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps",
+        "--only-binary=:all: --require-hashes",
+    ]
+    steps = [f"mkdir -p {shlex.quote(scratch)}", f"printf '%s\\n' {lines} > {shlex.quote(requirements)}"]
+    if wheels_from:
+        bucket, prefix = wheels_from
+        wheels = f"{scratch}/wheels"
+        steps.append(
+            "python -c " + shlex.join([_FETCH_WHEELS, bucket, prefix, wheels, *(name for name, _ in pinned.values())])
+        )
+        pip.append(f"--no-index --find-links {shlex.quote(wheels)}")
+        failure = (
+            f"cannot fetch the Run:ai model streamer's wheels from s3://{bucket}/{prefix}/ (run `make mirror-model`, "
+            "which puts them there), or a wheel's hash differs from config/versions.py; the pod stops here"
+        )
+    else:
+        pip.append("--retries 0 --timeout 20")
+        failure = (
+            "cannot install the Run:ai model streamer from PyPI (through the VPC's NAT gateway), or a wheel's hash "
+            "differs from config/versions.py; the pod stops here"
+        )
+    pip.append(f"--target {shlex.quote(target)} -r {shlex.quote(requirements)}")
+    steps.append(" ".join(pip))
     log = shlex.quote(termination_log)
-    return (
-        f"printf '%s\\n' {pinned} > {shlex.quote(requirements)} && {pip} "
-        f"|| {{ echo {shlex.quote(failure)} | tee {log} >&2; exit 1; }}"
-    )
+    return f"{{ {' && '.join(steps)}; }} || {{ echo {shlex.quote(failure)} | tee {log} >&2; exit 1; }}"
 
 
-def add_model_streamer(group: dict[str, Any], image: str) -> None:
+def add_model_streamer(group: dict[str, Any], image: str, *, wheels_from: tuple[str, str] | None = None) -> None:
     """Installs vLLM's Run:ai streamer into the group's pods before Ray starts (the image lacks it)."""
     pod = group["template"]["spec"]
     (container,) = pod["containers"]
     mount = {"name": "model-streamer", "mountPath": MODEL_STREAMER_DIR}
     # Requests equal to limits, as the Ray container's: a Guaranteed pod, which the kubelet evicts last.
     resources = {"cpu": "1", "memory": "1Gi"}
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    env += [e for e in container.get("env", []) if e["name"] in ("AWS_REGION", "AWS_DEFAULT_REGION")]
     pod.setdefault("initContainers", []).append(
         {
             "name": "install-model-streamer",
             "image": image,
-            # The serving image's own Python and pip (/opt/venv), through the NAT gateway to PyPI.
-            "command": ["/bin/sh", "-c", model_streamer_install_script()],
-            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+            # The serving image's own Python, pip and boto3 (/opt/venv): the wheels from the mirror
+            # bucket through the S3 gateway endpoint, or from PyPI through the NAT gateway.
+            "command": ["/bin/sh", "-c", model_streamer_install_script(wheels_from=wheels_from)],
+            "env": env,
             "resources": {"requests": dict(resources), "limits": dict(resources)},
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": [mount],
@@ -334,7 +379,7 @@ def ray_service(
             mount_hf_token(group)
     if config.serving.model.streams:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
-            add_model_streamer(group, image)
+            add_model_streamer(group, image, wheels_from=streamer_wheels_location(config))
     if config.gcs_fault_tolerant:
         if not gcs_store_host:
             raise ValueError("GCS fault tolerance is on: ray_service() needs the store's host (gcs_store_host)")

@@ -2,6 +2,7 @@
 
     python job.py --repo Qwen/Qwen2.5-7B-Instruct --bucket B --prefix qwen2.5-7b-instruct
     python job.py --from-dir /path/to/model --bucket B --prefix tiny-llama      # a local copy
+    python job.py ... --wheels /tmp/wheels --wheels-prefix _wheels/model-streamer
 
 Runs in a Kubernetes Job on the cluster (``make mirror-model``), so the bytes go from Hugging Face
 through the region's NAT gateway straight to S3, one file at a time (the node's disk holds one
@@ -13,6 +14,10 @@ skipped, so a second run after an interruption copies only what is missing. Veri
 downloaded file's sha256 is checked against Hugging Face's LFS sha256 before it is uploaded, and
 the end checks every object in S3 against the expected list. A gated model's token comes from
 the file ``HF_TOKEN_PATH`` names, as in the serving pods. Needs huggingface_hub and boto3 only.
+
+``--wheels`` also puts the files of a directory (the model streamer's wheels, which the Job's pip
+has downloaded and checked against their pinned hashes) under ``--wheels-prefix``, the same way:
+the streaming GPU workers install them from there, so their pods never reach out to PyPI.
 """
 
 from __future__ import annotations
@@ -159,6 +164,30 @@ def mirror(
     return 0
 
 
+def mirror_wheels(*, bucket: str, prefix: str, directory: Path, s3=None, out=print) -> int:
+    """Copies every file of ``directory`` to s3://bucket/prefix/; returns the number of problems found."""
+    import boto3
+
+    s3 = s3 or boto3.client("s3")
+    files = dir_files(directory)
+    if not files:
+        out(f"no wheels in {directory}")
+        return 1
+    for file in files:
+        key = f"{prefix}/{file.name}"
+        if already_mirrored(s3, bucket, key, file):
+            out(f"{file.name}: already mirrored")
+            continue
+        s3.upload_file(str(directory / file.name), bucket, key, ExtraArgs={"Metadata": {SHA256_METADATA: file.sha256}})
+        out(f"{file.name}: uploaded")
+    problems = [f.name for f in files if not already_mirrored(s3, bucket, f"{prefix}/{f.name}", f)]
+    if problems:
+        out(f"verification failed for {len(problems)} wheel(s): {', '.join(problems)}")
+        return len(problems)
+    out(f"verified {len(files)} wheel(s) in s3://{bucket}/{prefix}/ (size and sha256)")
+    return 0
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """Errors in one line, exit 2 (as cli.args.ArgumentParser; this file runs alone in the Job)."""
 
@@ -174,10 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", default="main", help="branch, tag or commit of the repo (default: main)")
     parser.add_argument("--bucket", required=True, help="the mirror bucket's name")
     parser.add_argument("--prefix", required=True, help="key prefix in the bucket, e.g. qwen2.5-7b-instruct")
+    parser.add_argument("--wheels", type=Path, help="a directory of wheels to mirror as well")
+    parser.add_argument("--wheels-prefix", help="key prefix for --wheels, e.g. _wheels/model-streamer")
     args = parser.parse_args(argv)
+    if (args.wheels is None) != (args.wheels_prefix is None):
+        parser.error("--wheels and --wheels-prefix go together")
     if os.environ.get("HF_TOKEN_PATH") and not Path(os.environ["HF_TOKEN_PATH"]).is_file():
         print(f"HF_TOKEN_PATH names {os.environ['HF_TOKEN_PATH']}, which does not exist", file=sys.stderr)
         return 2
+    if args.wheels is not None and mirror_wheels(
+        bucket=args.bucket, prefix=args.wheels_prefix.strip("/"), directory=args.wheels
+    ):
+        return 1
     return (
         1
         if mirror(

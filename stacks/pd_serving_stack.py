@@ -20,6 +20,7 @@ from cdk_constructs.ray_service import RayServiceApp
 from config.schema import AppConfig, DeployFacts
 from manifests.contract import PHASES, RAY_SERVICE_ACCOUNT
 from manifests.ray_service import ray_service as ray_service_manifest
+from manifests.ray_service import streamer_wheels_location
 
 
 class PdServingStack(Stack):
@@ -143,6 +144,7 @@ class PdServingStack(Stack):
             operator=self.kuberay,
             token_key_arn=deployer.hf_token_kms_key_arn,
             gcs_store=gcs_store,
+            streamer_wheels=streamer_wheels_location(config),
         )
         mirror = None
         if config.model_mirror.enabled:

@@ -372,8 +372,9 @@ def test_streamer_packages_are_the_locked_ones():
         assert package in lock, f"{package} is not what requirements-serve.txt locks"
 
 
-def _run_install_script(tmp_path, **pip_env):
-    """The init container's script, run by sh with this venv's Python and pip, writing where ``tmp_path`` says."""
+def _run_install_script(tmp_path, *, wheels_from=None, pinned=None, **env_overrides):
+    """The init container's script, run by sh with this venv's Python, pip and boto3, writing where
+    ``tmp_path`` says."""
     import os
     import subprocess
     import sys
@@ -381,11 +382,138 @@ def _run_install_script(tmp_path, **pip_env):
     from manifests.ray_service import model_streamer_install_script
 
     script = model_streamer_install_script(
-        target=str(tmp_path / "target"), requirements=str(tmp_path / "req.txt"), termination_log=str(tmp_path / "log")
+        wheels_from=wheels_from,
+        pinned=pinned,
+        target=str(tmp_path / "target"),
+        scratch=str(tmp_path / "scratch"),
+        termination_log=str(tmp_path / "log"),
     )
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **pip_env}
-    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "AWS_"))}
+    env = {**inherited, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env_overrides}
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=180)
+
+
+def _tiny_wheel(directory: Path, name: str, version: str) -> tuple[str, str]:
+    """A minimal, valid pure-Python wheel (one module); its requirement line's (file name, sha256)."""
+    import hashlib
+    import zipfile
+
+    file = f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(directory / file, "w") as wheel:
+        wheel.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+    return file, hashlib.sha256((directory / file).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def mirrored_wheels(tmp_path):
+    """Two wheels in a bucket of an S3-compatible server on loopback, as `make mirror-model` leaves them."""
+    from local.code_asset import LocalS3
+    from mirror.job import mirror_wheels
+
+    built = tmp_path / "built"
+    built.mkdir()
+    pinned = {f"{name}==1.0": _tiny_wheel(built, name, "1.0") for name in ("streamer_a", "streamer_b")}
+    with LocalS3() as server:
+        s3 = server.client("s3")
+        s3.create_bucket(Bucket="pd-dev-models", CreateBucketConfiguration={"LocationConstraint": server.region})
+        assert mirror_wheels(bucket="pd-dev-models", prefix="_wheels/model-streamer", directory=built, s3=s3) == 0
+        yield server, s3, pinned
+
+
+def test_the_streamer_installs_from_the_mirror_bucket_without_any_index(tmp_path, mirrored_wheels):
+    """The init container's own script: boto3 fetches the wheels from S3, pip installs them with no
+    index at all (a PyPI that cannot be reached plays no part), each against its hash."""
+    server, _, pinned = mirrored_wheels
+    done = _run_install_script(
+        tmp_path,
+        wheels_from=("pd-dev-models", "_wheels/model-streamer"),
+        pinned=pinned,
+        PIP_INDEX_URL="http://127.0.0.1:9/simple",
+        PIP_CONFIG_FILE="/dev/null",
+        **server.env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "target" / "streamer_a" / "__init__.py").is_file()
+    assert (tmp_path / "target" / "streamer_b" / "__init__.py").is_file()
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_mirror_without_the_wheels_stops_the_pod_at_once_and_says_to_mirror(tmp_path, mirrored_wheels):
+    server, s3, pinned = mirrored_wheels
+    s3.delete_object(Bucket="pd-dev-models", Key=f"_wheels/model-streamer/{pinned['streamer_b==1.0'][0]}")
+    done = _run_install_script(
+        tmp_path, wheels_from=("pd-dev-models", "_wheels/model-streamer"), pinned=pinned, **server.env
+    )
+    assert done.returncode == 1
+    message = (tmp_path / "log").read_text()
+    assert "s3://pd-dev-models/_wheels/model-streamer/" in message and "make mirror-model" in message
+    assert not (tmp_path / "target" / "streamer_a").exists()
+
+
+def test_a_mirrored_wheel_with_other_bytes_is_refused(tmp_path, mirrored_wheels):
+    server, s3, pinned = mirrored_wheels
+    file, _ = pinned["streamer_a==1.0"]
+    substitute = tmp_path / "substitute"
+    substitute.mkdir()
+    _tiny_wheel(substitute, "streamer_a", "1.0")
+    (substitute / file).write_bytes((substitute / file).read_bytes() + b"\0")
+    s3.upload_file(str(substitute / file), "pd-dev-models", f"_wheels/model-streamer/{file}")
+    done = _run_install_script(
+        tmp_path, wheels_from=("pd-dev-models", "_wheels/model-streamer"), pinned=pinned, **server.env
+    )
+    assert done.returncode == 1
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr
+
+
+def test_the_pinned_wheel_files_are_the_pinned_packages_for_the_serving_images_python():
+    """The file names the pods fetch from the mirror are the ones pip picks for the image's Python
+    (cp313) and platform: the same name and version as the requirement, and a tag pip accepts there."""
+    from packaging.tags import compatible_tags, cpython_tags
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_PLATFORM, MODEL_STREAMER_WHEEL_FILES
+
+    platform, python = MODEL_STREAMER_PLATFORM
+    major, minor = (int(part) for part in python.split("."))
+    glibc_minor = int(platform.split("_")[2])
+    platforms = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 16, -1)] + ["linux_x86_64"]
+    accepted = {
+        *cpython_tags((major, minor), platforms=platforms),
+        *compatible_tags((major, minor), interpreter=f"cp{major}{minor}", platforms=platforms),
+    }
+    assert set(MODEL_STREAMER_WHEEL_FILES) == set(MODEL_STREAMER_PACKAGES)
+    for requirement, file in MODEL_STREAMER_WHEEL_FILES.items():
+        name, version = requirement.split("==")
+        wheel_name, wheel_version, _, tags = parse_wheel_filename(file)
+        assert (wheel_name, str(wheel_version)) == (canonicalize_name(name), version), file
+        assert tags & accepted, f"{file} is not installable on cp{major}{minor} {platform}"
+
+
+def test_streaming_from_the_mirror_fetches_the_wheels_from_it_and_may_read_only_them(variant):
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["model_mirror"] = {"enabled": True}
+    config = parse_config(data)
+    data["serving"]["model"] = {
+        "model_id": "qwen",
+        "source": f"s3://{config.mirror_bucket}/qwen2.5-7b",
+        "hub_id": "Qwen/Qwen2.5-7B-Instruct",
+    }
+    stack, template, _ = variant("streaming-mirror", data)
+    for group in stack.serving.manifest_body["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (install,) = group["template"]["spec"]["initContainers"]
+        script = install["command"][-1]
+        assert f"{config.mirror_bucket} _wheels/model-streamer " in script
+        assert "--no-index --find-links" in script and "--require-hashes" in script
+        env = {e["name"]: e["value"] for e in install["env"]}
+        assert env["AWS_REGION"] == config.aws.region
+    policies = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert f"{config.mirror_bucket}/_wheels/model-streamer/*" in policies
 
 
 def test_the_streamer_install_gives_up_at_once_without_pypi_and_says_why(tmp_path):

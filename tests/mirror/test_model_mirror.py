@@ -177,6 +177,37 @@ def test_the_job_manifest_runs_the_script_on_the_system_nodes_with_the_writer(mo
     assert "--repo Qwen/Qwen2.5-7B-Instruct" in command
     assert "--no-deps huggingface-hub==2.4.0 boto3==1.44.5 " in command
     assert all(v["name"] != "hf-token" for v in pod["volumes"])
+    # The model streamer's wheels too, for the serving image's Python, hash-checked by pip, then
+    # into the mirror beside the models, where the streaming pods install them from.
+    assert (
+        "pip download " in command
+        and "--require-hashes --platform manylinux_2_34_x86_64 --python-version 3.13" in command
+    )
+    assert "--wheels /tmp/wheels --wheels-prefix _wheels/model-streamer" in command
+
+
+def test_the_job_mirrors_wheels_resumably_and_verifies_them(s3, tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"a" * 100)
+    (wheels / "b-1.0-py3-none-any.whl").write_bytes(b"b" * 100)
+    lines: list[str] = []
+    assert job.mirror_wheels(bucket="pd-dev-models", prefix="_wheels/x", directory=wheels, s3=s3, out=lines.append) == 0
+    assert keys(s3) == {"_wheels/x/a-1.0-py3-none-any.whl", "_wheels/x/b-1.0-py3-none-any.whl"}
+    assert lines[-1] == "verified 2 wheel(s) in s3://pd-dev-models/_wheels/x/ (size and sha256)"
+    lines.clear()
+    assert job.mirror_wheels(bucket="pd-dev-models", prefix="_wheels/x", directory=wheels, s3=s3, out=lines.append) == 0
+    assert lines[:2] == ["a-1.0-py3-none-any.whl: already mirrored", "b-1.0-py3-none-any.whl: already mirrored"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert job.mirror_wheels(bucket="pd-dev-models", prefix="_wheels/x", directory=empty, s3=s3, out=lines.append) == 1
+
+
+def test_the_job_takes_wheels_only_with_their_prefix(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        job.main(["--repo", "r", "--bucket", "b", "--prefix", "p", "--wheels", "/tmp/w"])
+    assert exit_.value.code == 2
+    assert "--wheels and --wheels-prefix go together (try --help)" in capsys.readouterr().err
 
 
 def test_a_gated_model_is_mirrored_with_its_token_by_reference():
