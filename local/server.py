@@ -56,7 +56,7 @@ from local.errors import StartupFailure
 from local.paths import DEFAULT_SPEC, ROOT, RUN_DIR, RUN_RECORD, STATUS_FILE, write_json
 from local.ports import check_ports, ports_to_bind
 from local.readiness import wait_until_ready
-from serve_app.spec import PHASE_RESOURCE, PHASE_RESOURCE_PER_BUNDLE, PHASES, ServingSpec, load_spec
+from serve_app.spec import INGRESS_CPUS, PHASE_RESOURCE, PHASES, ServingSpec, load_spec
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -91,7 +91,9 @@ def local_spec(path: Path, mode: str | None, nixl_port_base: int | None = None) 
 def cpus_needed(spec: ServingSpec) -> int:
     phases = PHASES if spec.mode == "disaggregated" else ("colocated",)
     bundles = [b for phase in phases for b in spec.placement_bundles(phase)]
-    return max(2, int(sum(b["CPU"] for b in bundles) + 0.999))
+    # A colocated app's ingress asks for a sliver of CPU beside the engines' bundles.
+    ingress = INGRESS_CPUS if spec.mode == "colocated" else 0
+    return max(2, int(sum(b["CPU"] for b in bundles) + ingress + 0.999))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -190,7 +192,7 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
                 "request_timeout_s": spec.request_timeout_s,
             },
         )
-        ray_internals.submit_app(_app_off_the_head(spec), name=spec.app_name, route_prefix="/")
+        ray_internals.submit_app(build_app(spec.model_dump(mode="json")), name=spec.app_name, route_prefix="/")
     else:
         ray_serve.start(
             http_options={"host": "127.0.0.1", "port": args.port, "request_timeout_s": spec.request_timeout_s}
@@ -256,17 +258,6 @@ def _start_cluster(spec: ServingSpec, args: argparse.Namespace, resources: ExitS
         f"worker nodes {', '.join(PHASES)} (GCS {cluster.address})"
     )
     return cluster
-
-
-def _app_off_the_head(spec: ServingSpec):
-    """The app, its ingress placed on the decode worker node: with no CPU asked, Ray could put it on
-    the head, and every request would go through the head."""
-    from ray.serve import llm
-
-    builder, builder_args = spec.builder_args()
-    options = builder_args["ingress_deployment_config"]["ray_actor_options"]
-    options["resources"] = {PHASE_RESOURCE["decode"]: PHASE_RESOURCE_PER_BUNDLE}
-    return getattr(llm, builder)(builder_args)
 
 
 def main(argv: list[str] | None = None) -> int:

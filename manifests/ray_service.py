@@ -160,8 +160,9 @@ def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[s
     head = config.ray_service.head
     resources = {"cpu": head.cpu, "memory": head.memory}
     return {
-        # The head schedules no replicas (num-cpus 0: every Serve replica, the ingress included, asks
-        # for CPU): it runs the GCS, the dashboard and the Serve controller, and serves no request.
+        # The head schedules no replicas (num-cpus 0 and no phase resource: every Serve replica, the
+        # ingress included, asks for one or the other): it runs the GCS, the dashboard and the Serve
+        # controller, and serves no request.
         "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "spec": {

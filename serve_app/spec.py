@@ -18,6 +18,8 @@ PHASES = ("prefill", "decode")
 # for a sliver of its phase's resource, so replicas can only land on that phase's nodes.
 PHASE_RESOURCE = {"prefill": "pd_prefill", "decode": "pd_decode"}
 PHASE_RESOURCE_PER_BUNDLE = 0.001
+# What a colocated app's ingress asks for: enough to keep it off the head, which advertises no CPU.
+INGRESS_CPUS = 0.01
 
 # Keys of engine_kwargs that the spec manages itself; setting them twice would be ambiguous.
 MANAGED_ENGINE_KWARGS = {
@@ -334,6 +336,18 @@ class ServingSpec(SpecModel):
             "minutes to load the model); keep it above your longest legitimate generation."
         ),
     )
+    drain_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "How long a replica that Serve stops (an in-place rollout, a scale-down) keeps serving the "
+            "requests it already has before it is killed (Serve's graceful_shutdown_timeout_s, 20 s by "
+            "default), for the engines and the ingress alike. Empty: request_timeout_s, so no generation "
+            "that Serve allows is cut. A lower value shortens an in-place rollout with a long generation "
+            "in flight (a phase with one replica cannot start its replacement before the old one has "
+            "gone), at the price of cutting generations longer than it."
+        ),
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment variables for every engine replica (never secrets).",
@@ -354,6 +368,16 @@ class ServingSpec(SpecModel):
                     f"{where} looks like a secret; secrets never go into the serve config "
                     "(use model.hf_token_secret for a Hugging Face token)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _drain_within_the_request_timeout(self) -> ServingSpec:
+        if self.drain_timeout_s is not None and self.drain_timeout_s > self.request_timeout_s:
+            raise ValueError(
+                f"drain_timeout_s ({self.drain_timeout_s:g}) is longer than request_timeout_s "
+                f"({self.request_timeout_s:g}), which ends every request first; leave drain_timeout_s empty "
+                "or lower it"
+            )
         return self
 
     # -- what Ray Serve LLM receives ------------------------------------------------------------
@@ -411,6 +435,11 @@ class ServingSpec(SpecModel):
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.kv_transfer.side_channel_host
         return {"env_vars": env} if env else {}
 
+    @property
+    def drain_seconds(self) -> float:
+        """What a stopped replica may take to finish its requests (``drain_timeout_s``, else the request timeout)."""
+        return self.drain_timeout_s if self.drain_timeout_s is not None else self.request_timeout_s
+
     def model_loading_config(self) -> dict[str, Any]:
         source: Any = {"bucket_uri": self.model.source} if self.model.is_s3 else self.model.source
         return {"model_id": self.model.model_id, "model_source": source}
@@ -434,6 +463,7 @@ class ServingSpec(SpecModel):
                 # The replica's own CPU would be merged into the first bundle; the bundles above
                 # already reserve what the engine needs.
                 "ray_actor_options": {"num_cpus": 0},
+                "graceful_shutdown_timeout_s": self.drain_seconds,
                 **({"max_surge_percent": spec.max_surge_percent} if spec.max_surge_percent is not None else {}),
             },
             "log_engine_metrics": True,
@@ -476,9 +506,22 @@ class ServingSpec(SpecModel):
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:
         """(Ray builder name, its argument dict) for this spec's mode."""
-        # The ingress only proxies HTTP; with no CPU reserved it may share the Ray head (which
-        # advertises none) instead of taking a core from an engine.
-        ingress = {"ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}}}
+        # The ingress only proxies HTTP, but every request passes through it: never on the head (no
+        # CPU, no phase resource), whose restart would cut every stream. In P/D it sits beside decode,
+        # the phase it calls, on a sliver of the phase resource (decode's bundles leave most of it);
+        # colocated, on any node with a CPU to spare, which the head has none of.
+        placement = (
+            {"num_cpus": 0, "resources": {PHASE_RESOURCE["decode"]: PHASE_RESOURCE_PER_BUNDLE}}
+            if self.mode == "disaggregated"
+            else {"num_cpus": INGRESS_CPUS}
+        )
+        # A stopped ingress replica drains its streams as long as the engines behind it do.
+        ingress = {
+            "ingress_deployment_config": {
+                "ray_actor_options": placement,
+                "graceful_shutdown_timeout_s": self.drain_seconds,
+            }
+        }
         if self.mode == "disaggregated":
             return "build_pd_openai_app", {
                 "prefill_config": self.llm_config("prefill"),

@@ -215,6 +215,45 @@ def run_load(base_url: str, *, clients: int, seconds: float, stop_event=None) ->
     return records
 
 
+LONG_STREAM_TOKENS = 300
+
+
+def stream_loop(base_url: str, stop_event) -> list[dict]:
+    """One client streaming long completions back to back (every one exactly LONG_STREAM_TOKENS
+    tokens long: ignore_eos) until ``stop_event``; one record per stream: when its first and last
+    token came, how many came, how it ended."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    records: list[dict] = []
+    n = 0
+    while not stop_event.is_set() and n < 200:
+        record: dict = {"started": time.monotonic(), "tokens": 0, "first_token": None, "finish_reason": None}
+        try:
+            stream = client.completions.create(
+                model=MODEL,
+                prompt=unique_prompt(f"long-stream-{n}", 40),
+                max_tokens=LONG_STREAM_TOKENS,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            for chunk in stream:
+                for choice in chunk.choices:
+                    if choice.text:
+                        record["first_token"] = record["first_token"] or time.monotonic()
+                    record["finish_reason"] = choice.finish_reason or record["finish_reason"]
+                if chunk.usage:
+                    record["tokens"] = chunk.usage.completion_tokens
+            record["outcome"] = "ok" if record["finish_reason"] == "length" else "short"
+        except openai.APIStatusError as exc:
+            record["outcome"] = f"http {exc.status_code}"
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            record["outcome"] = type(exc).__name__
+        record["ended"] = time.monotonic()
+        records.append(record)
+        n += 1
+    return records
+
+
 def summary(records: list[dict], seconds: float) -> dict:
     import statistics
 
@@ -428,7 +467,12 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
     loader = threading.Thread(
         target=lambda: outcome.setdefault("records", run_load(server.base_url, clients=4, seconds=seconds)), daemon=True
     )
+    streams_done = threading.Event()
+    streamer = threading.Thread(
+        target=lambda: outcome.setdefault("streams", stream_loop(server.base_url, streams_done)), daemon=True
+    )
     loader.start()
+    streamer.start()
     time.sleep(10)
     rolled_at = time.monotonic()
     done = subprocess.run(
@@ -472,6 +516,15 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
         time.sleep(2)
     assert engines() and not engines() & replicas_before
     replaced_after = time.monotonic() - rolled_at
+    streams_done.set()
+    streamer.join(REQUEST_TIMEOUT_S + 30)
+    streams = outcome["streams"]
+    # A stream that got its first token and then ended short: what the rollout cut.
+    cut = [r for r in streams if r["first_token"] is not None and r["outcome"] != "ok"]
+    # Every stream between the new config's submission and the last old replica's end.
+    across = [
+        r for r in streams if r["ended"] > rolled_at + submitted_after and r["started"] < rolled_at + replaced_after
+    ]
     client = openai_client(server)
     # New replicas can be listed before they answer within Serve's request timeout, and a new decode
     # replica pre-warms NIXL with a request of its own. One answered request means both have settled,
@@ -493,9 +546,31 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
             "submitted_after_s": round(submitted_after, 1),
             "replicas_replaced_after_s": round(replaced_after, 1),
             "serves_again_after_s": round(serves_again_after, 1) if serves_again_after else None,
+            "long_streams": {
+                "tokens_each": LONG_STREAM_TOKENS,
+                "streams": len(streams),
+                "complete": sum(r["outcome"] == "ok" for r in streams),
+                "cut_after_their_first_token": len(cut),
+                "refused_before_their_first_token": sorted(
+                    {r["outcome"] for r in streams if r["first_token"] is None and r["outcome"] != "ok"}
+                ),
+                "longest_s": round(max((r["ended"] - r["started"] for r in streams), default=0), 1),
+                "around_the_rollout": [
+                    {
+                        "started_s_after_rollout": round(r["started"] - rolled_at, 1),
+                        "ended_s_after_rollout": round(r["ended"] - rolled_at, 1),
+                        "tokens": r["tokens"],
+                        "outcome": r["outcome"],
+                    }
+                    for r in across
+                ],
+            },
         },
     )
     assert serves_again_after is not None, "no answer within 5 minutes of the replicas being replaced"
+    # The replicas Serve stopped drained their streams (serving.drain_timeout_s, the request timeout
+    # by default, outlasts a stream): none that had started was cut.
+    assert streams and not cut, cut
     before = server.counters()
     response = client.completions.create(model=MODEL, prompt=unique_prompt("after-rollout", 90), max_tokens=4)
     after = wait_for_counters(

@@ -546,3 +546,39 @@ def test_a_streamer_wheel_that_is_not_the_pinned_file_is_refused(tmp_path):
     assert done.returncode == 1
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr
     assert not (tmp_path / "target" / "humanize").exists()
+
+
+def _ray_node_resources(group: dict) -> dict[str, float]:
+    """The Ray resources a group's pods advertise, as KubeRay turns them into `ray start` flags."""
+    params, table = group.get("rayStartParams", {}), group.get("resources", {})
+    resources = {key: float(value) for key, value in table.items()}
+    if "num-cpus" in params:
+        resources["CPU"] = float(params["num-cpus"])
+    if "num-gpus" in params:
+        resources["GPU"] = float(params["num-gpus"])
+    return resources
+
+
+def _fits(demand: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(name, 0.0) >= amount for name, amount in demand.items() if amount > 0)
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_the_ingress_never_lands_on_the_head_and_fits_beside_the_engines(mode):
+    """Every request passes through the ingress replica: a head restart must not take it down. Ray
+    places an actor only where each resource it asks for is free; the head advertises none."""
+    config, manifest = manifest_for("dev", **{"serving.mode": mode})
+    cluster = manifest["spec"]["rayClusterConfig"]
+    _, args = config.serving.builder_args()
+    options = args["ingress_deployment_config"]["ray_actor_options"]
+    demand = {"CPU": float(options.get("num_cpus", 1)), **options.get("resources", {})}
+    assert not _fits(demand, _ray_node_resources(cluster["headGroupSpec"]))
+    phases = ["decode"] if mode == "disaggregated" else ["colocated"]
+    for group in cluster["workerGroupSpecs"]:
+        node = _ray_node_resources(group)
+        phase = group["groupName"].removesuffix("-gpu")
+        for bundle in config.serving.placement_bundles(phases[0]):
+            if _fits(bundle, node):
+                node = {name: node[name] - bundle.get(name, 0.0) for name in node}
+        if phase in phases or mode == "colocated":
+            assert _fits(demand, node), (group["groupName"], demand, node)

@@ -80,6 +80,31 @@ def test_disaggregated_graph(local_ray):
     assert decode.init_kwargs["llm_config"].experimental_configs["_prewarm_prefill_decode"] is True
 
 
+@pytest.mark.parametrize(
+    ("mode", "changes", "drain"),
+    [
+        ("disaggregated", {}, 600),
+        ("colocated", {}, 600),
+        ("disaggregated", {"request_timeout_s": 900, "drain_timeout_s": 30}, 30),
+    ],
+)
+def test_a_stopped_replica_drains_its_requests_for_as_long_as_they_may_last(local_ray, mode, changes, drain):
+    """Serve kills a replica it stops (in-place rollout, scale-down) after graceful_shutdown_timeout_s,
+    20 s by default: every deployment of the app, the ingress too, gets the drain instead."""
+    from serve_app.app import build_app
+
+    spec = cluster_spec(mode=mode, **changes)
+    deployments = graph(build_app(spec.model_dump(mode="json")))
+    assert len(deployments) == (3 if mode == "disaggregated" else 2)
+    for name, deployment in deployments.items():
+        assert deployment._deployment_config.graceful_shutdown_timeout_s == drain, name
+
+
+def test_a_drain_longer_than_the_request_timeout_is_refused():
+    with pytest.raises(ValueError, match=r"drain_timeout_s \(700\) is longer than request_timeout_s \(600\)"):
+        cluster_spec(drain_timeout_s=700)
+
+
 def test_tensor_parallel_spec_asks_one_bundle_per_gpu(local_ray):
     from serve_app.app import build_app
 
