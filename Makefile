@@ -18,6 +18,8 @@ CHART_CACHE ?= .cache/charts
 export CHART_CACHE
 # checkov pins dependencies that clash with the runtime's (boto3 among them), so it has a venv of its own.
 CHECKOV_VENV := .venv-checkov
+# network-config-analyzer (the NetworkPolicy cross-check) pins PyYAML and networkx exactly: a venv of its own too.
+NCA_VENV := .venv-nca
 MODE ?= disaggregated
 ASSET ?=
 # make local HA=1: the cluster's shape, GCS fault tolerance on a loopback Redis (apt-get install redis-server).
@@ -25,6 +27,10 @@ HA ?=
 # make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
 TEMPLATE ?=
 ALLOW_REPLACEMENT ?=
+# make local API_KEY=…: the ingress asks every request for this key; make bench and make verify
+# send it. Passed to the commands in their environment, never on a command line make would echo.
+API_KEY ?=
+export API_KEY
 # Extra flags for the local server, e.g. LOCAL_ARGS='--port 8010 --nixl-port-base 30000'.
 LOCAL_ARGS ?=
 # Extra flags for make mirror-model, e.g. MIRROR_ARGS='--repo Qwen/Qwen2.5-7B-Instruct --dry-run'.
@@ -53,10 +59,10 @@ help:
 	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1]   preview, then cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
-	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1]   serve_app on this CPU at http://127.0.0.1:8000/v1"
-	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…]"
+	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1] [API_KEY=…]   serve_app on this CPU at http://127.0.0.1:8000/v1"
+	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
-	@echo "make verify  [ENV=…|CONFIG=…]                 check a live deployment (uses your kubeconfig)"
+	@echo "make verify  [ENV=…|CONFIG=…] [API_KEY=…]     check a live deployment (uses your kubeconfig)"
 	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
 	@echo "make charts                                   helm pull the pinned charts into CHART_CACHE (needs internet)"
@@ -84,6 +90,11 @@ $(VENV)/.serve: requirements-serve.txt $(VENV)/.dev
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install -q --no-deps -r requirements-checkov.txt
+	touch $@
+
+$(NCA_VENV)/.installed: requirements-nca.txt
+	test -x $(NCA_VENV)/bin/python || $(PYTHON) -m venv $(NCA_VENV)
+	$(NCA_VENV)/bin/pip install -q --no-deps -r requirements-nca.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -120,20 +131,21 @@ check: $(VENV)/.dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed
+test: $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest -m "not live" $(PARALLEL) $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 	$(PY) -m pytest -m live $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 
 # Everything that needs neither Ray and vLLM nor a live local server.
-test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed
+test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest -m "not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
 # HA=1: a head with no resources and GCS fault tolerance on a loopback Redis, a worker node per phase.
 local: $(VENV)/.serve node_modules/.installed
-	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(if $(HA),--gcs-fault-tolerance) $(LOCAL_ARGS)
+	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(if $(HA),--gcs-fault-tolerance) \
+	  $(if $(API_KEY),--api-key-env API_KEY) $(LOCAL_ARGS)
 
 bench: $(VENV)/.serve
 	@test -n "$(URL)" || { echo "make bench needs URL=<OpenAI base URL>, e.g. URL=http://127.0.0.1:8000/v1"; exit 2; }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,9 +116,22 @@ def bench_args(
     ]
 
 
+# The endpoint's API key, when it asks for one: the Makefile's API_KEY, from the environment.
+API_KEY_ENV = "API_KEY"
+
+
+def endpoint_api_key() -> str | None:
+    return os.environ.get(API_KEY_ENV, "").strip() or None
+
+
 def run_one(args: list[str]) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    key = endpoint_api_key()
+    if key:
+        # vLLM's benchmark sends OPENAI_API_KEY as the Bearer key (benchmarks/lib/endpoint_request_func.py).
+        os.environ["OPENAI_API_KEY"] = key
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)

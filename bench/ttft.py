@@ -117,7 +117,9 @@ def measure(
     """TTFT per prompt size, and (with ``metrics_url``) the histogram means per size."""
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0)
+    from bench.run import endpoint_api_key
+
+    client = openai.OpenAI(base_url=base_url, api_key=endpoint_api_key() or "unused", timeout=120, max_retries=0)
     results, where = [], {}
     for name, tokens in PROMPT_TOKENS.items():
         for _ in range(warmups):

@@ -205,6 +205,7 @@ class EksCluster(Construct):
                 addon_name=name,
                 cluster=self.cluster,
                 addon_version=self.addon_versions.get(name),
+                configuration_values=addon_configuration(name, config) or None,
             )
             for name in NODE_INDEPENDENT_ADDONS
         }
@@ -309,6 +310,15 @@ class EksCluster(Construct):
         coredns.node.add_dependency(node_group)
         self.addons["coredns"] = coredns
         return coredns
+
+
+def addon_configuration(name: str, config: ClusterConfig) -> dict[str, str]:
+    """An add-on's configurationValues: the VPC CNI's network policy agent when policies are on
+    (enableNetworkPolicy: the agent container beside aws-node on every node, standard mode: a new pod
+    is open for the seconds until its policies are in place, not refused until then)."""
+    if name == "vpc-cni" and config.network_policies:
+        return {"enableNetworkPolicy": "true"}
+    return {}
 
 
 def _addon_id(name: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,10 @@ from cdk_constructs.policy import acknowledge
 from config.schema import ChartVersions, RayServiceConfig
 from kuberay import rules_version_note
 from kuberay.rules import validate_ray_service
+from manifests import api_keys as api_keys_manifests
 from manifests import gcs_store as gcs_store_manifests
 from manifests.contract import RAY_SERVICE_ACCOUNT, SERVE_PORT
+from manifests.ray_service import namespace as namespace_manifest
 from manifests.ray_service import owned_serve_service, serve_service_name
 from serve_app.serve_config import serve_config_yaml
 from serve_app.spec import ServingSpec
@@ -67,6 +69,10 @@ class RayServiceApp(Construct):
             `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
         gcs_store: the GCS fault-tolerance store when ``ray_service.gcs_fault_tolerance`` is on (its
             host goes into ``render_manifest``); its AUTH token reaches the head through the CSI driver.
+        network_policies: the serving namespace's NetworkPolicies (``manifests.network_policies``),
+            applied before the RayService, so that its pods start with them in place.
+        api_key_key_arns: the customer-managed KMS keys of the API key secrets (resolved by `make
+            deploy`'s guard: ``DeployFacts.api_key_kms_key_arns``); the pods' role may decrypt with them.
         streamer_wheels: (bucket, prefix) of the model streamer's wheels in the stack's mirror, which
             the streaming GPU workers' init container fetches (``manifests.ray_service.streamer_wheels_location``).
 
@@ -88,13 +94,12 @@ class RayServiceApp(Construct):
         token_key_arn: str | None = None,
         gcs_store: GcsStore | None = None,
         streamer_wheels: tuple[str, str] | None = None,
+        api_key_key_arns: Sequence[str] = (),
+        network_policies: Sequence[dict[str, Any]] = (),
     ) -> None:
         super().__init__(scope, id_)
         rs = ray_service
-        self.namespace = cluster.add_manifest(
-            "Namespace",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": rs.namespace}},
-        )
+        self.namespace = cluster.add_manifest("Namespace", namespace_manifest(rs))
         self.service_account = cluster.add_service_account(
             "ServiceAccount",
             name=RAY_SERVICE_ACCOUNT,
@@ -102,6 +107,10 @@ class RayServiceApp(Construct):
             identity_type=eks.IdentityType.POD_IDENTITY,
         )
         self.service_account.node.add_dependency(self.namespace)
+        self.network_policies = None
+        if network_policies:
+            self.network_policies = cluster.add_manifest("NetworkPolicies", *network_policies)
+            self.network_policies.node.add_dependency(self.namespace)
 
         # A content hash names the object, so any change to serve_app rolls out on the next deploy.
         self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app(SERVE_APP_DIR)))
@@ -113,9 +122,10 @@ class RayServiceApp(Construct):
             )
         )
         self._grant_model_access(serving, token_key_arn, streamer_wheels)
-        # The CSI driver and AWS's provider, for the token's mount and for the GCS store's Secret sync.
+        # The CSI driver and AWS's provider, for the token's and the API keys' mounts and for the GCS
+        # store's Secret sync.
         self.secrets_store = None
-        if serving.model.hf_token_secret or gcs_store:
+        if serving.model.hf_token_secret or gcs_store or rs.endpoint.api_key_secrets:
             self.secrets_store = HuggingFaceToken(
                 self,
                 "HfToken",
@@ -141,6 +151,19 @@ class RayServiceApp(Construct):
             # Job (the RayCluster's finalizer), goes before the store that the Job connects to.
             self.namespace.node.add_dependency(gcs_store)
 
+        self.api_keys_provider_class = None
+        if rs.endpoint.api_key_secrets and self.secrets_store:
+            self._grant_api_keys(rs.endpoint.api_key_secrets, api_key_key_arns)
+            self.api_keys_provider_class_body = api_keys_manifests.secret_provider_class(
+                namespace=rs.namespace, secrets=rs.endpoint.api_key_secrets, region=cdk.Stack.of(self).region
+            )
+            self.api_keys_provider_class = cluster.add_manifest(
+                "ApiKeysSecretProviderClass", self.api_keys_provider_class_body
+            )
+            self.api_keys_provider_class.node.add_dependency(self.secrets_store.driver, self.namespace)
+            # The keyed ingress reads the files the workers mount there.
+            serving = serving.model_copy(update={"api_key_dir": api_keys_manifests.MOUNT_PATH})
+
         self.serve_config_v2 = serve_config_yaml(serving, working_dir=self.code.s3_object_url)
         self.manifest_body = render_manifest(self.serve_config_v2)
         # What KubeRay's controller would refuse fails synth here, not as a silent
@@ -157,6 +180,10 @@ class RayServiceApp(Construct):
             self.manifest.node.add_dependency(self.secrets_store)
         if self.gcs_provider_class:
             self.manifest.node.add_dependency(self.gcs_provider_class)
+        if self.api_keys_provider_class:
+            self.manifest.node.add_dependency(self.api_keys_provider_class)
+        if self.network_policies:
+            self.manifest.node.add_dependency(self.network_policies)
         owned_service = owned_serve_service(rs)
         self.serve_service = cluster.add_manifest("ServeService", owned_service) if owned_service else None
         if self.serve_service:
@@ -166,6 +193,14 @@ class RayServiceApp(Construct):
         self.port_forward_command = (
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )
+
+    def _grant_api_keys(self, secrets: Sequence[str], key_arns: Sequence[str]) -> None:
+        """GetSecretValue and DescribeSecret on each key's secret alone, through the CSI provider; and
+        kms:Decrypt through Secrets Manager on the customer-managed keys among them."""
+        for index, secret in enumerate(secrets):
+            imported_secret(self, f"ApiKeySecret{index}", secret).grant_read(self.service_account)
+        for arn in key_arns:
+            grant_token_key(self, self.service_account, arn)
 
     def _grant_model_access(
         self, serving: ServingSpec, token_key_arn: str | None, streamer_wheels: tuple[str, str] | None

@@ -290,42 +290,41 @@ def admin_findings(config: AppConfig, source: str, iam: Any) -> tuple[list[str],
     return errors, warnings
 
 
-def token_key(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> tuple[str | None, list[str]]:
-    """(the ARN of the customer-managed KMS key the gated model's token secret is encrypted with, or
-    None; warnings). Raises Refusal when the pods could not mount the token.
+def secret_key(
+    config: AppConfig, source: str, secretsmanager: Any, kms: Any, *, field: str, secret: str, holds: str
+) -> tuple[str | None, list[str]]:
+    """(the ARN of the customer-managed KMS key the secret named by ``field`` is encrypted with, or None;
+    warnings). Raises Refusal when the Ray pods could not mount it. ``holds`` says what it holds.
 
     An imported secret's ``grant_read`` gives no ``kms:Decrypt``: with a customer-managed key the
     pods' role needs it on that key, or the CSI mount fails.
     """
-    secret = config.serving.model.hf_token_secret
-    if not secret:
-        return None, []
     region = config.aws.region
-    named = f"{source}: serving.model.hf_token_secret {secret}"
+    named = f"{source}: {field} {secret}"
     try:
         described = secretsmanager.describe_secret(SecretId=secret)
     except ClientError as exc:
         code = error_code(exc)
         if code != "ResourceNotFoundException":
             return None, [
-                f"could not check serving.model.hf_token_secret {secret} (secretsmanager:DescribeSecret: {code}); if "
-                "it is missing or encrypted with a customer-managed KMS key, the Ray pods stay in ContainerCreating "
-                "(FailedMount)"
+                f"could not check {field} {secret} (secretsmanager:DescribeSecret: {code}); if it is missing or "
+                "encrypted with a customer-managed KMS key, the Ray pods stay in ContainerCreating (FailedMount)"
             ]
         create = (
             "correct the ARN"
             if secret.startswith("arn:")
-            else f"create it with the token as its value (`aws secretsmanager create-secret --name {secret} "
-            f"--secret-string file://token.txt --region {region}`) or correct the name"
+            else f"create it with the {holds} as its value (`aws secretsmanager create-secret --name {secret} "
+            f"--secret-string file://{holds.replace(' ', '-')}.txt --region {region}`) or correct the name"
         )
         raise Refusal(
             f"{named} does not exist in {region} (secretsmanager:DescribeSecret: {code}), so the Ray pods could not "
-            f"mount the token; {create}"
+            f"mount the {holds}; {create}"
         ) from None
     if described.get("DeletedDate"):
         raise Refusal(
             f"{named} is scheduled for deletion ({str(described['DeletedDate'])[:10]}), so the Ray pods could not "
-            f"mount the token; restore it with `aws secretsmanager restore-secret --secret-id {secret} --region {region}`"
+            f"mount the {holds}; restore it with `aws secretsmanager restore-secret --secret-id {secret} "
+            f"--region {region}`"
         )
     key_id = described.get("KmsKeyId")
     if not key_id or key_id.split(":")[-1] == AWS_MANAGED_SECRETS_KEY:
@@ -334,9 +333,9 @@ def token_key(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> 
         key = kms.describe_key(KeyId=key_id)["KeyMetadata"]
     except ClientError as exc:
         return None, [
-            f"could not read the KMS key {key_id} that serving.model.hf_token_secret {secret} is encrypted with "
-            f"(kms:DescribeKey: {error_code(exc)}), so the Ray pods' role gets no kms:Decrypt on it and their token "
-            "mount may fail; allow kms:DescribeKey on the key to whoever deploys"
+            f"could not read the KMS key {key_id} that {field} {secret} is encrypted with "
+            f"(kms:DescribeKey: {error_code(exc)}), so the Ray pods' role gets no kms:Decrypt on it and their "
+            f"{holds} mount may fail; allow kms:DescribeKey on the key to whoever deploys"
         ]
     if key.get("KeyManager") == "AWS":
         return None, []
@@ -344,14 +343,45 @@ def token_key(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> 
     if state in UNUSABLE_KEY_STATES:
         raise Refusal(
             f"{named} is encrypted with the KMS key {arn}, which is {state} (kms:DescribeKey), so Secrets Manager "
-            f"could not decrypt the token for the Ray pods; {UNUSABLE_KEY_STATES[state].format(key=arn, region=region)}"
+            f"could not decrypt the {holds} for the Ray pods; "
+            f"{UNUSABLE_KEY_STATES[state].format(key=arn, region=region)}"
         )
     if key.get("AWSAccountId") not in (None, config.aws.account):
         return arn, [
-            f"serving.model.hf_token_secret {secret} is encrypted with the KMS key {arn} of account "
+            f"{field} {secret} is encrypted with the KMS key {arn} of account "
             f"{key['AWSAccountId']}: its key policy must also let the Ray pods' role decrypt with it"
         ]
     return arn, []
+
+
+def token_key(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> tuple[str | None, list[str]]:
+    """The gated model's token secret (``secret_key``); nothing to check without one."""
+    secret = config.serving.model.hf_token_secret
+    if not secret:
+        return None, []
+    return secret_key(
+        config, source, secretsmanager, kms, field="serving.model.hf_token_secret", secret=secret, holds="token"
+    )
+
+
+def api_key_keys(config: AppConfig, source: str, secretsmanager: Any, kms: Any) -> tuple[list[str], list[str]]:
+    """(the customer-managed KMS keys of the endpoint's API key secrets, warnings), each as ``secret_key``."""
+    keys: list[str] = []
+    warnings: list[str] = []
+    for index, secret in enumerate(config.ray_service.endpoint.api_key_secrets):
+        arn, found = secret_key(
+            config,
+            source,
+            secretsmanager,
+            kms,
+            field=f"ray_service.endpoint.api_key_secrets[{index}]",
+            secret=secret,
+            holds="API key",
+        )
+        warnings += found
+        if arn and arn not in keys:
+            keys.append(arn)
+    return keys, warnings
 
 
 def deployed_stack(config: AppConfig, cloudformation: Any) -> tuple[bool | None, dict[str, Any], list[str]]:
@@ -540,8 +570,14 @@ def check(
         verdict.errors += errors
         verdict.warnings += warnings
     key_arn: str | None = None
+    api_keys: list[str] = []
     try:
         key_arn, warnings = token_key(config, source, secretsmanager, kms)
+        verdict.warnings += warnings
+    except Refusal as exc:
+        verdict.errors.append(str(exc))
+    try:
+        api_keys, warnings = api_key_keys(config, source, secretsmanager, kms)
         verdict.warnings += warnings
     except Refusal as exc:
         verdict.errors.append(str(exc))
@@ -567,6 +603,7 @@ def check(
             "deployer_cidr": cidr,
             "node_group_sizes": sizes,
             "hf_token_kms_key_arn": key_arn,
+            "api_key_kms_key_arns": api_keys,
         }
     )
     return verdict
@@ -612,6 +649,8 @@ def report(verdict: Verdict) -> int:
         print(f"node group sizes now: {sizes} (an existing group keeps its size)")
     if facts.hf_token_kms_key_arn:
         print(f"token secret's KMS key: {facts.hf_token_kms_key_arn} (the Ray pods may decrypt with it)")
+    for arn in facts.api_key_kms_key_arns:
+        print(f"API key secrets' KMS key: {arn} (the Ray pods may decrypt with it)")
     return 0
 
 

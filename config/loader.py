@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def config_path_for(env: str) -> Path:
     return path
 
 
+# An unknown key that names a secret: someone is about to write its value into the config.
+SECRET_LIKE_KEY = re.compile(r"(token|password|secret|api_?key|credential)s?$", re.IGNORECASE)
+
+
 def _field_path(loc: tuple) -> str:
     return ".".join(str(part) for part in loc) or "(top level)"
 
@@ -56,7 +61,14 @@ def describe_validation_error(model: type[BaseModel], error: ValidationError) ->
         loc = item["loc"]
         where = _field_path(loc)
         kind = item["type"]
-        if kind == "extra_forbidden":
+        if kind == "extra_forbidden" and SECRET_LIKE_KEY.search(str(loc[-1])):
+            problems.append(
+                f"{where}: a secret is never a config value (it would be in the repository and the template); "
+                "remove it: Ray's own token is made per cluster by KubeRay (ray_service.auth_token_generation "
+                "rotates it), API keys are named by their Secrets Manager secrets "
+                "(ray_service.endpoint.api_key_secrets), a Hugging Face token by serving.model.hf_token_secret"
+            )
+        elif kind == "extra_forbidden":
             allowed = _allowed_keys(model, loc)
             problems.append(f"{where}: unknown key; remove it (allowed here: {', '.join(allowed)})")
         elif kind == "missing":

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from local import ray_internals
 from local.errors import StartupFailure
-from local.paths import RUN_DIR
+from local.paths import RAY_AUTH_TOKEN_FILE, RUN_DIR
 
 REDIS_SERVER = "redis-server"
 REDIS_MISSING = "--gcs-fault-tolerance needs Redis: apt-get install redis-server (Debian's package)"
@@ -117,6 +117,7 @@ class LocalCluster:
     say: Callable[[str], None] = print
     gcs_port: int = 0
     head_proxy_port: int = 0
+    dashboard_port: int = 0
     temp_root: Path = field(default_factory=lambda: TEMP_ROOT)
     nodes: dict[str, Node] = field(default_factory=dict)
     redis: Node | None = None
@@ -140,9 +141,9 @@ class LocalCluster:
             log.unlink()
         self.gcs_port = free_port()
         self.head_proxy_port = free_port()
-        # Ray's token authentication (public: RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH), with a token of this
-        # run's: Ray 2.60 turns it on for a head once ~/.ray/auth_token exists, but not for a worker.
-        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self._auth_token_file()))
+        self.dashboard_port = free_port()
+        # Ray's token authentication, as KubeRay sets it up in every pod of the cluster.
+        ray_internals.enable_token_auth()
         base_env = dict(os.environ)
         head_env = dict(base_env)
         head_args: list[str] = []
@@ -161,7 +162,10 @@ class LocalCluster:
                 f"--ray-client-server-port={head_ports['client']}",
                 "--num-cpus=0",
                 "--num-gpus=0",
-                "--include-dashboard=false",
+                # The dashboard, as on the cluster's head (its job and Serve APIs behind the token).
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
                 *ray_internals.system_config_args(),
                 *head_args,
             ],
@@ -194,14 +198,6 @@ class LocalCluster:
     @property
     def redis_address(self) -> str:
         return f"127.0.0.1:{self.redis_port}"
-
-    def _auth_token_file(self) -> Path:
-        # Only this user reads it; every node and the driver use it (the variables are inherited).
-        path = RUN_DIR / "ray-auth-token"
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(secrets.token_hex(32))
-        return path
 
     def _start_redis(self, password: str) -> None:
         self.redis_port = free_port()
@@ -261,7 +257,7 @@ class LocalCluster:
 
     def forget(self) -> None:
         """Removes the run's Ray token once its processes are gone (the logs stay for a look)."""
-        (RUN_DIR / "ray-auth-token").unlink(missing_ok=True)
+        RAY_AUTH_TOKEN_FILE.unlink(missing_ok=True)
 
     def status(self) -> dict:
         return {
@@ -269,6 +265,7 @@ class LocalCluster:
             "gcs_fault_tolerance": self.fault_tolerant,
             "redis": self.redis_address if self.redis else None,
             "head_proxy_port": self.head_proxy_port,
+            "dashboard_url": f"http://127.0.0.1:{self.dashboard_port}",
             "worker_proxy_port": self.http_port,
             "metrics_urls": {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()},
             "temp_dirs": {name: str(self.temp_dir(name)) for name in self.nodes},

@@ -19,6 +19,9 @@ from pathlib import Path
 from local import lifecycle
 from local.paths import ROOT, RUN_DIR
 
+# The variable the harness hands a server's API key in.
+API_KEY_ENV = "LOCAL_SERVER_API_KEY"
+
 
 @dataclass
 class LocalServer:
@@ -29,6 +32,8 @@ class LocalServer:
     # serve serve_app from this config's synthesized code asset (--code-from-asset), as the cluster does
     code_from_asset: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    # The API key the ingress asks for (--api-key-env; passed in the environment), or None.
+    api_key: str | None = None
     log_path: Path = field(default_factory=lambda: RUN_DIR / "server.log")
     process: subprocess.Popen | None = None
     status: dict = field(default_factory=dict)
@@ -56,13 +61,14 @@ class LocalServer:
                 str(self.metrics_port),
                 *(["--spec", str(self.spec)] if self.spec else []),
                 *(["--code-from-asset", str(self.code_from_asset)] if self.code_from_asset else []),
+                *(["--api-key-env", API_KEY_ENV] if self.api_key else []),
                 *self.extra_args,
             ],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **({API_KEY_ENV: self.api_key} if self.api_key else {})},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,6 +12,10 @@ RUN_DIR = ROOT / ".local" / "run"
 STATUS_FILE = RUN_DIR / "status.json"
 # Written before anything starts: the server's pid and run mark, so the next start can find leftovers.
 RUN_RECORD = RUN_DIR / "run.json"
+# The run's own secrets, readable by this user alone and gone when the run stops: Ray's token
+# (every node and the driver read it through RAY_AUTH_TOKEN_PATH) and, with an API key, its file.
+RAY_AUTH_TOKEN_FILE = RUN_DIR / "ray-auth-token"
+API_KEYS_DIR = RUN_DIR / "api-keys"
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -28,3 +32,12 @@ def read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Writes ``text`` to ``path``, readable and writable by this user only, from its first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+    return path

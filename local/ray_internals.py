@@ -33,6 +33,8 @@ one against the new release (the server prints a one-line note when it runs on a
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 CHECKED_AGAINST = "2.60.0"
@@ -49,6 +51,24 @@ def version_note() -> str | None:
         f"note: local/ray_internals.py uses private Ray APIs checked against Ray {CHECKED_AGAINST}; "
         f"this is Ray {ray.__version__}"
     )
+
+
+def enable_token_auth() -> None:
+    """Ray's token authentication for this process and every one it starts (public: RAY_AUTH_MODE,
+    RAY_AUTH_TOKEN_PATH), with a new token of this run's: as KubeRay's authOptions do in the cluster,
+    rather than Ray 2.60's default for a local ray.init(), which keeps one in ~/.ray/auth_token."""
+    import secrets
+
+    from local.paths import RAY_AUTH_TOKEN_FILE, write_private
+
+    write_private(RAY_AUTH_TOKEN_FILE, secrets.token_hex(32))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(RAY_AUTH_TOKEN_FILE))
+    if "ray" in sys.modules:
+        # Ray reads RAY_AUTH_MODE into its cached config at import
+        # (ray/_private/authentication/authentication_token_setup.py refreshes it the same way).
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 def start_ray(

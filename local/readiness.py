@@ -55,15 +55,20 @@ def unhealthy_deployments(app_name: str) -> tuple[list[str], list[str]]:
     return failed, pending
 
 
-def models_listed(base_url: str) -> bool:
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def models_listed(base_url: str, api_key: str | None = None) -> bool:
     try:
-        with urllib.request.urlopen(f"{base_url}/models", timeout=5) as response:
+        request = urllib.request.Request(f"{base_url}/models", headers=_auth(api_key))
+        with urllib.request.urlopen(request, timeout=5) as response:
             return bool(json.loads(response.read())["data"])
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return False
 
 
-def chat_once(base_url: str, model: str, timeout: float) -> str | None:
+def chat_once(base_url: str, model: str, timeout: float, api_key: str | None = None) -> str | None:
     """None if one chat completion succeeds, else what went wrong."""
     body = json.dumps(
         {
@@ -74,7 +79,7 @@ def chat_once(base_url: str, model: str, timeout: float) -> str | None:
         }
     ).encode()
     request = urllib.request.Request(
-        f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json", **_auth(api_key)}
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -98,13 +103,16 @@ def kv_arrived(metrics_url: str, before: dict, timeout: float = 20) -> bool:
     return False
 
 
-def wait_until_ready(spec: ServingSpec, base_url: str, metrics_url: str, deadline: float) -> dict:
-    """Returns once one chat completion went through the app (and, P/D, its KV through NIXL)."""
+def wait_until_ready(
+    spec: ServingSpec, base_url: str, metrics_url: str, deadline: float, api_key: str | None = None
+) -> dict:
+    """Returns once one chat completion went through the app (and, P/D, its KV through NIXL);
+    ``api_key`` is the run's, when its ingress asks for one."""
     from local.metrics import engine_counters, scrape
 
     models_at, last = None, "no deployment healthy yet"
     while True:
-        if models_at is None and models_listed(base_url):
+        if models_at is None and models_listed(base_url, api_key):
             models_at = time.monotonic()  # what a client polling /v1/models would take for "up"
         failed, pending = unhealthy_deployments(spec.app_name)
         if failed:
@@ -122,7 +130,7 @@ def wait_until_ready(spec: ServingSpec, base_url: str, metrics_url: str, deadlin
                 if spec.mode == "disaggregated"
                 else {}
             )
-            last = chat_once(base_url, spec.model.model_id, timeout=spec.request_timeout_s + 5)
+            last = chat_once(base_url, spec.model.model_id, timeout=spec.request_timeout_s + 5, api_key=api_key)
             if last is None:
                 if spec.mode != "disaggregated" or kv_arrived(metrics_url, before):
                     return {"models_at": models_at or time.monotonic()}

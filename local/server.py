@@ -2,7 +2,7 @@
 
     python -m local.server [--mode disaggregated|colocated] [--port 8000] [--metrics-port 8085]
                            [--nixl-port-base 20000] [--code-from-asset config/dev.yaml]
-                           [--gcs-fault-tolerance | --ray-cluster]
+                           [--gcs-fault-tolerance | --ray-cluster] [--api-key-env NAME]
 
 It generates the tiny model if needed, starts Ray with one custom resource per phase (as the
 cluster's worker groups advertise them), runs ``serve_app.app:build_app`` with the local serving
@@ -36,6 +36,11 @@ resources and GCS fault tolerance on a Redis server on loopback, and one worker 
 through the head, so the head's GCS can die and come back while the worker nodes stay.
 ``--ray-cluster`` is the same shape without fault tolerance (what a head restart costs without it).
 
+Ray runs with token authentication, as KubeRay sets it up in the cluster: a new token of the run's
+in ``.local/run/ray-auth-token`` (this user's only), which every node and this driver read. With
+``--api-key-env NAME`` (make local API_KEY=…) the ingress asks every request for the key in that
+variable, as the cluster's does for ``ray_service.endpoint.api_key_secrets``.
+
 The parts: ``paths`` (the run's files), ``ports``, ``leftovers``, ``assets`` (loopback S3),
 ``readiness``, ``shutdown``, ``cluster`` (the multi-node shape), ``lifecycle`` (processes, from
 /proc) and ``ray_internals`` (every private Ray API used, in one place).
@@ -53,7 +58,17 @@ from pathlib import Path
 from cli.args import ArgumentParser
 from local import leftovers, lifecycle, ray_internals, shutdown
 from local.errors import StartupFailure
-from local.paths import DEFAULT_SPEC, ROOT, RUN_DIR, RUN_RECORD, STATUS_FILE, write_json
+from local.paths import (
+    API_KEYS_DIR,
+    DEFAULT_SPEC,
+    RAY_AUTH_TOKEN_FILE,
+    ROOT,
+    RUN_DIR,
+    RUN_RECORD,
+    STATUS_FILE,
+    write_json,
+    write_private,
+)
 from local.ports import check_ports, ports_to_bind
 from local.readiness import wait_until_ready
 from serve_app.spec import INGRESS_CPUS, PHASE_RESOURCE, PHASES, ServingSpec, load_spec
@@ -164,8 +179,16 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         raise StartupFailure(f"the code asset of {args.code_from_asset} could not be prepared: {exc}") from None
     if note := ray_internals.version_note():
         shutdown.say(note)
+    api_key = _api_key(args)
+    if api_key:
+        # The keyed ingress reads the key from a file of the run's, as in the cluster from the CSI mount.
+        write_private(API_KEYS_DIR / "key-0", api_key)
+        resources.callback(shutil.rmtree, API_KEYS_DIR, ignore_errors=True)
+        spec = spec.model_copy(update={"api_key_dir": str(API_KEYS_DIR)})
     cluster = _start_cluster(spec, args, resources) if (args.gcs_fault_tolerance or args.ray_cluster) else None
     if cluster is None:
+        ray_internals.enable_token_auth()
+        resources.callback(RAY_AUTH_TOKEN_FILE.unlink, missing_ok=True)
         # Ray detects GPUs itself; a cuda spec (the one-GPU check) then places engines on them.
         ray_internals.start_ray(
             num_cpus=cpus_needed(spec),
@@ -200,7 +223,7 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         # serve.run waits until the app is RUNNING, forever if a replica never gets there; this
         # returns once the app is submitted, and wait_until_ready watches it with a deadline.
         ray_internals.submit_app(build_app(spec.model_dump(mode="json")), name=spec.app_name, route_prefix="/")
-    ready = wait_until_ready(spec, base_url, metrics_url, deadline=started + args.ready_timeout)
+    ready = wait_until_ready(spec, base_url, metrics_url, deadline=started + args.ready_timeout, api_key=api_key)
     ready_seconds = time.monotonic() - started
     models_seconds = ready["models_at"] - started
     through = "prefill and decode, KV over NIXL" if spec.mode == "disaggregated" else "the engine"
@@ -224,11 +247,24 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
                 # Where the code asset lives (loopback S3), so that tools can publish a changed one.
                 "code_endpoint": s3.endpoint if s3 else None,
                 "model_source": spec.model.source,
+                # Where the run's secrets are, never what they are: tools and tests read the files.
+                "ray_auth_token_file": str(RAY_AUTH_TOKEN_FILE),
+                "api_key_file": str(API_KEYS_DIR / "key-0") if api_key else None,
                 "replicas": replica_map(),
                 **({"cluster": cluster.status()} if cluster else {}),
             },
         )
         time.sleep(2)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key --api-key-env names (from the environment, so it never shows in a process list)."""
+    if not args.api_key_env:
+        return None
+    key = os.environ.get(args.api_key_env, "").strip()
+    if not key:
+        raise StartupFailure(f"--api-key-env {args.api_key_env}: the variable is empty or not set; set it to the key")
+    return key
 
 
 def _start_cluster(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack):
@@ -288,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         "--code-from-asset",
         metavar="CONFIG",
         help="serve serve_app from CONFIG's synthesized code asset, fetched by Ray from a loopback S3",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="ask every request for the API key in the environment variable NAME (make local API_KEY=…)",
     )
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument(

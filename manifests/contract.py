@@ -63,7 +63,13 @@ WORKER_GROUP_PHASE_REGEX = "(" + "|".join(PHASES) + ")" + WORKER_GROUP_SUFFIX
 # --- Ray pods ---------------------------------------------------------------------------------------
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-RAY_PODS_SELECTOR = "ray.io/is-ray-node=yes"
+# The labels KubeRay 1.7.0 puts on every pod of a RayCluster (controllers/ray/utils/constant.go):
+# ray.io/is-ray-node=yes, ray.io/node-type head|worker, ray.io/group headgroup|<worker group name>.
+# ray.io/cluster changes with every NewCluster upgrade (a new RayCluster name), so nothing selects on it.
+RAY_NODE_LABEL = "ray.io/is-ray-node"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_GROUP_LABEL = "ray.io/group"
+RAY_PODS_SELECTOR = f"{RAY_NODE_LABEL}=yes"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 CLIENT_PORT = 10001
@@ -80,6 +86,10 @@ MIRROR_SERVICE_ACCOUNT = "model-mirror"
 KUBE_SYSTEM = "kube-system"
 KUBERAY_NAMESPACE = "kuberay-system"
 KUBERAY_RELEASE = "kuberay-operator"
+# The operator pod's labels in the chart (kuberay-operator 1.7.0, templates/deployment.yaml):
+# app.kubernetes.io/name is the chart's name; Ray pods carry app.kubernetes.io/created-by=kuberay-operator,
+# so only the name tells the operator apart.
+KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/instance": KUBERAY_RELEASE}
 NVIDIA_DEVICE_PLUGIN_RELEASE = "nvidia-device-plugin"
 EFA_DEVICE_PLUGIN_RELEASE = "aws-efa-k8s-device-plugin"
 AUTOSCALER_NAMESPACE = KUBE_SYSTEM

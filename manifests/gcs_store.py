@@ -62,8 +62,7 @@ def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> di
     return aws_secret_provider_class(
         name=PROVIDER_CLASS,
         namespace=namespace,
-        secret=secret_arn,
-        alias=FILE_NAME,
+        secrets={secret_arn: FILE_NAME},
         region=region,
         secret_objects=[
             {"secretName": SECRET_NAME, "type": "Opaque", "data": [{"objectName": FILE_NAME, "key": SECRET_KEY}]}

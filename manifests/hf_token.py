@@ -8,6 +8,7 @@ pods (``cdk_constructs.hf_token`` installs the charts and the SecretProviderClas
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -42,15 +43,17 @@ def aws_secret_provider_class(
     *,
     name: str,
     namespace: str,
-    secret: str,
-    alias: str,
+    secrets: Mapping[str, str],
     region: str,
     secret_objects: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A SecretProviderClass of AWS's provider (ASCP) that mounts one Secrets Manager secret as the
-    file ``alias``, read with the mounting pod's Pod Identity role; ``secret_objects`` also syncs it
-    into Kubernetes Secrets (the driver's ``syncSecret``)."""
-    objects = [{"objectName": secret, "objectType": "secretsmanager", "objectAlias": alias}]
+    """A SecretProviderClass of AWS's provider (ASCP) that mounts each Secrets Manager secret of
+    ``secrets`` (name or ARN -> file name) as a file, read with the mounting pod's Pod Identity role;
+    ``secret_objects`` also syncs them into Kubernetes Secrets (the driver's ``syncSecret``)."""
+    objects = [
+        {"objectName": secret, "objectType": "secretsmanager", "objectAlias": alias}
+        for secret, alias in secrets.items()
+    ]
     spec: dict[str, Any] = {"provider": "aws"}
     if secret_objects:
         spec["secretObjects"] = secret_objects
@@ -70,7 +73,7 @@ def aws_secret_provider_class(
 def secret_provider_class(*, namespace: str, secret: str, region: str) -> dict[str, Any]:
     """The SecretProviderClass that names exactly the configured secret (ASCP, Pod Identity)."""
     return aws_secret_provider_class(
-        name=PROVIDER_CLASS, namespace=namespace, secret=secret, alias=FILE_NAME, region=region
+        name=PROVIDER_CLASS, namespace=namespace, secrets={secret: FILE_NAME}, region=region
     )
 
 

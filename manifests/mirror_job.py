@@ -19,6 +19,7 @@ from config.versions import (
 )
 from manifests.contract import MIRROR_SERVICE_ACCOUNT, STREAMER_WHEELS_PREFIX, SYSTEM_NODE_SELECTOR
 from manifests.hf_token import TOKEN_PATH, container_mount, pod_volume
+from manifests.ray_service import NO_CAPABILITIES, RUNTIME_DEFAULT_SECCOMP
 
 # The Job's own program, shipped to the pod as a ConfigMap.
 JOB_SCRIPT = Path(__file__).resolve().parent.parent / "mirror" / "job.py"
@@ -76,6 +77,7 @@ def manifests(config: AppConfig, *, repo: str, prefix: str, revision: str = "mai
         "command": ["/bin/sh", "-c", script],
         "env": env,
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": dict(NO_CAPABILITIES),
         "volumeMounts": [
             {"name": "script", "mountPath": "/mirror", "readOnly": True},
             {"name": "scratch", "mountPath": "/tmp"},
@@ -84,6 +86,9 @@ def manifests(config: AppConfig, *, repo: str, prefix: str, revision: str = "mai
     }
     pod_spec = {
         "serviceAccountName": MIRROR_SERVICE_ACCOUNT,
+        # Pod Identity and the CSI driver get tokens of their own; nothing here calls the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": dict(RUNTIME_DEFAULT_SECCOMP),
         "restartPolicy": "Never",
         "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         "containers": [container],

@@ -11,7 +11,7 @@ from typing import Any
 from config import catalog
 from config.schema import AppConfig, RayServiceConfig
 from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_SHA256, MODEL_STREAMER_WHEEL_FILES
-from manifests import gcs_store, hf_token
+from manifests import api_keys, gcs_store, hf_token
 from manifests.contract import (
     CLIENT_PORT,
     DASHBOARD_PORT,
@@ -40,6 +40,9 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # the cluster spec (not RayService annotations, not serveConfigV2), so a change of either starts a
 # NewCluster upgrade.
 SERVING_REVISION = "pd-serving/serving-revision"
+# ray_service.auth_token_generation on every pod template: raising it starts a NewCluster upgrade,
+# whose RayCluster gets a Secret of its own with a new token (KubeRay's reconcileAuthSecret).
+AUTH_TOKEN_GENERATION = "pd-serving/ray-auth-token-generation"
 # Where a streaming worker's init container installs the model streamer; on the Ray container's
 # PYTHONPATH, which Ray keeps for every worker process behind a working_dir's path
 # (ray/_private/runtime_env/working_dir.py, set_pythonpath_in_context).
@@ -47,6 +50,26 @@ MODEL_STREAMER_DIR = "/opt/model-streamer"
 # Kubelet, the device plugins, the CNI and kube-proxy need some of each node for themselves.
 NODE_RESERVED_CPUS = 4
 NODE_MEMORY_SHARE = 0.8
+
+
+# What the Ray containers give up without a cost: no privilege escalation (no setuid binary runs), and
+# the default capabilities a model server never uses (raw sockets, device nodes, chroot, ports
+# below 1024, capability and audit changes). Root's file and process capabilities (CHOWN,
+# DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID) stay: the image runs as root and what Ray,
+# pip and vLLM write as root was not audited for them.
+UNUSED_CAPABILITIES = ["AUDIT_WRITE", "MKNOD", "NET_BIND_SERVICE", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT"]
+# A container that only runs one small program drops every capability.
+NO_CAPABILITIES = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# The container runtime's default seccomp filter, for pods that run no GPU code (the head, the mirror
+# Job); the GPU workers keep the node's default until a GPU node has shown CUDA, NCCL and EFA under it.
+RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def ray_container_security(*, add: list[str] | None = None) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"drop": list(UNUSED_CAPABILITIES)}
+    if add:
+        capabilities["add"] = list(add)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
 def _pod_ip_env(name: str) -> dict[str, Any]:
@@ -147,6 +170,7 @@ def add_model_streamer(group: dict[str, Any], image: str, *, wheels_from: tuple[
             "command": ["/bin/sh", "-c", model_streamer_install_script(wheels_from=wheels_from)],
             "env": env,
             "resources": {"requests": dict(resources), "limits": dict(resources)},
+            "securityContext": dict(NO_CAPABILITIES),
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": [mount],
         }
@@ -167,10 +191,14 @@ def head_group(config: AppConfig, *, image: str, service_account: str) -> dict[s
         "template": {
             "spec": {
                 "serviceAccountName": service_account,
+                # The autoscaler sidecar in this pod reads and scales the RayCluster through the
+                # Kubernetes API, so the head keeps its service account token (the workers do not).
+                "securityContext": dict(RUNTIME_DEFAULT_SECCOMP),
                 "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                 "containers": [
                     {
                         "name": HEAD_CONTAINER,
+                        "securityContext": ray_container_security(),
                         "image": image,
                         "resources": {"requests": resources, "limits": resources},
                         # The NVIDIA container hook fails on nodes without a driver otherwise.
@@ -228,6 +256,9 @@ def worker_group(
             "metadata": {"annotations": {SAFE_TO_EVICT: "false"}},
             "spec": {
                 "serviceAccountName": service_account,
+                # Nothing on a worker calls the Kubernetes API; Pod Identity and the CSI driver get
+                # tokens of their own (a projected volume, the driver's tokenRequests).
+                "automountServiceAccountToken": False,
                 "nodeSelector": {ROLE_LABEL: GPU_ROLE, PHASE_LABEL: phase},
                 "tolerations": gpu_tolerations(),
                 "containers": [
@@ -241,7 +272,8 @@ def worker_group(
                             _pod_ip_env("VLLM_HOST_IP"),
                             *_region_env(config),
                         ],
-                        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                        # IPC_LOCK: EFA pins the memory it registers (NIXL's KV buffers, libfabric).
+                        "securityContext": ray_container_security(add=["IPC_LOCK"]),
                         "ports": [
                             {"containerPort": side_channel, "name": "nixl-side"},
                             {"containerPort": METRICS_PORT, "name": METRICS_PORT_NAME},
@@ -252,6 +284,30 @@ def worker_group(
                 "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}],
             },
         },
+    }
+
+
+# Pod Security Standards for the serving namespace. Enforced: privileged, the strictest level every
+# pod there passes: the GPU workers add IPC_LOCK, which baseline refuses (it allows only the runtime's
+# default capabilities), and a namespace's label admits no per-pod exception. Audited and warned:
+# baseline, so that anything else that would break it shows (tests/consumers/test_pod_security.py
+# lists each pod's level and its violations).
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "privileged",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/audit": "baseline",
+    "pod-security.kubernetes.io/audit-version": "latest",
+    "pod-security.kubernetes.io/warn": "baseline",
+    "pod-security.kubernetes.io/warn-version": "latest",
+}
+
+
+def namespace(rs: RayServiceConfig) -> dict[str, Any]:
+    """The serving namespace, labelled for Pod Security admission."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": rs.namespace, "labels": dict(POD_SECURITY_LABELS)},
     }
 
 
@@ -313,9 +369,9 @@ def serving_revision(serve_config_v2: str) -> str:
     return hashlib.sha256(serve_config_v2.encode()).hexdigest()[:16]
 
 
-def annotate_revision(group: dict[str, Any], revision: str) -> None:
+def annotate(group: dict[str, Any], key: str, value: str) -> None:
     metadata = group["template"].setdefault("metadata", {})
-    metadata.setdefault("annotations", {})[SERVING_REVISION] = revision
+    metadata.setdefault("annotations", {})[key] = value
 
 
 def ray_service(
@@ -345,6 +401,16 @@ def ray_service(
         "excludeHeadPodFromServeSvc": True,
         "rayClusterConfig": {
             "rayVersion": rs.ray_version,
+            # Ray's token authentication (Ray 2.52+): KubeRay creates a Secret with a random token for
+            # each RayCluster (no secretName: raycluster_controller.go, reconcileAuthSecret), puts
+            # RAY_AUTH_MODE and RAY_AUTH_TOKEN into the head, the workers, their wait-gcs-ready init
+            # containers and the autoscaler sidecar (common/pod.go, SetContainerTokenAuthEnvVars:
+            # skipped in a container that sets them itself, which none here does), and sends the token
+            # on its own dashboard calls (dashboardclient, x-ray-authorization). The GCS, the raylets,
+            # the dashboard and its job and Serve APIs, and the client server then refuse a caller
+            # without it; Serve's HTTP proxy and the metrics port stay open (the network policies
+            # and the API key cover those). "mode" must be said: an empty one enables nothing.
+            "authOptions": {"mode": "token"},
             "enableInTreeAutoscaling": True,
             "autoscalerOptions": {
                 # Ray 2.58 runs autoscaler v2 under KubeRay whatever the spec says (`ray start --head`
@@ -354,6 +420,8 @@ def ray_service(
                 "version": "v2",
                 # Ray drops an idle worker pod after as long as Cluster Autoscaler keeps an idle node.
                 "idleTimeoutSeconds": config.cluster.autoscaling.scale_down_idle_minutes * 60,
+                # KubeRay gives the sidecar no securityContext of its own (common/pod.go, BuildAutoscalerContainer).
+                "securityContext": dict(NO_CAPABILITIES),
             },
             "headGroupSpec": head_group(config, image=image, service_account=service_account),
             "workerGroupSpecs": [
@@ -372,12 +440,17 @@ def ray_service(
     revision = serving_revision(serve_config_v2) if rs.rollout == "new_cluster" else None
     for group in groups:
         if revision:
-            annotate_revision(group, revision)
+            annotate(group, SERVING_REVISION, revision)
+        annotate(group, AUTH_TOKEN_GENERATION, str(rs.auth_token_generation))
     # Only the engine replicas on the GPU workers read the token (Ray loads the model config there);
     # on the head, a missing or unreadable secret would hold the whole cluster at ContainerCreating.
     if config.serving.model.hf_token_secret:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             mount_hf_token(group)
+    # The keyed ingress runs on a GPU worker (serve_app.spec: never on the head).
+    if config.ray_service.endpoint.api_key_secrets:
+        for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
+            api_keys.mount(group)
     if config.serving.model.streams:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             add_model_streamer(group, image, wheels_from=streamer_wheels_location(config))

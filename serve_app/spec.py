@@ -18,6 +18,8 @@ PHASES = ("prefill", "decode")
 # for a sliver of its phase's resource, so replicas can only land on that phase's nodes.
 PHASE_RESOURCE = {"prefill": "pd_prefill", "decode": "pd_decode"}
 PHASE_RESOURCE_PER_BUNDLE = 0.001
+# Ray Serve LLM's ingress behind the endpoint's API keys, by import path (Ray loads it in the replica).
+KEYED_INGRESS = "serve_app.ingress:KeyedOpenAiIngress"
 # What a colocated app's ingress asks for: enough to keep it off the head, which advertises no CPU.
 INGRESS_CPUS = 0.01
 
@@ -41,6 +43,24 @@ SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
 # Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
 DECODE_SIDE_CHANNEL_OFFSET = 2000
+
+
+def secret_reference_problem(field: str, value: str) -> str | None:
+    """What is wrong with ``value`` as the name or complete ARN of a Secrets Manager secret, if anything."""
+    if value.startswith("arn:"):
+        if not SECRET_ARN.match(value):
+            return (
+                f"{field} {value!r} is not a complete Secrets Manager ARN "
+                "(arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>); copy it from "
+                "`aws secretsmanager describe-secret --secret-id NAME --query ARN`, or give the name"
+            )
+        return None
+    if not 1 <= len(value) <= 512 or not SECRET_NAME.match(value):
+        return (
+            f"{field} {value!r} is not a Secrets Manager secret name: use 1-512 characters, "
+            "letters, digits and /_+=.@- only"
+        )
+    return None
 
 
 class SpecModel(BaseModel):
@@ -118,21 +138,9 @@ class ModelSpec(SpecModel):
     @field_validator("hf_token_secret")
     @classmethod
     def _secret_name(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if value.startswith("arn:"):
-            if not SECRET_ARN.match(value):
-                raise ValueError(
-                    f"hf_token_secret {value!r} is not a complete Secrets Manager ARN "
-                    "(arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>); copy it from "
-                    "`aws secretsmanager describe-secret --secret-id NAME --query ARN`, or give the name"
-                )
-            return value
-        if not 1 <= len(value) <= 512 or not SECRET_NAME.match(value):
-            raise ValueError(
-                f"hf_token_secret {value!r} is not a Secrets Manager secret name: use 1-512 characters, "
-                "letters, digits and /_+=.@- only"
-            )
+        problem = secret_reference_problem("hf_token_secret", value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -348,6 +356,15 @@ class ServingSpec(SpecModel):
             "gone), at the price of cutting generations longer than it."
         ),
     )
+    api_key_dir: str | None = Field(
+        default=None,
+        description=(
+            "A directory of the ingress's node whose files hold the endpoint's API keys, one key per file: "
+            "a request without `Authorization: Bearer <one of them>` gets HTTP 401 (serve_app/ingress.py). "
+            "The stack sets it when ray_service.endpoint.api_key_secrets names secrets, and mounts them "
+            "there; `make local API_KEY=…` for the local run. Empty: no key is asked for."
+        ),
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment variables for every engine replica (never secrets).",
@@ -363,6 +380,11 @@ class ServingSpec(SpecModel):
             for k in self.phase(phase).env_vars
         ]
         for where, key in named:
+            if key.upper().startswith("RAY_AUTH_"):
+                raise ValueError(
+                    f"{where}: Ray's token authentication is the cluster's, set by KubeRay in every Ray "
+                    "process (ray_service.auth_token_generation rotates it); remove it"
+                )
             if re.search(r"TOKEN|SECRET|PASSWORD|KEY", key, re.IGNORECASE):
                 raise ValueError(
                     f"{where} looks like a secret; secrets never go into the serve config "
@@ -516,12 +538,17 @@ class ServingSpec(SpecModel):
             else {"num_cpus": INGRESS_CPUS}
         )
         # A stopped ingress replica drains its streams as long as the engines behind it do.
-        ingress = {
+        ingress: dict[str, Any] = {
             "ingress_deployment_config": {
                 "ray_actor_options": placement,
                 "graceful_shutdown_timeout_s": self.drain_seconds,
             }
         }
+        if self.api_key_dir:
+            ingress["ingress_cls_config"] = {
+                "ingress_cls": KEYED_INGRESS,
+                "ingress_extra_kwargs": {"api_key_dir": self.api_key_dir},
+            }
         if self.mode == "disaggregated":
             return "build_pd_openai_app", {
                 "prefill_config": self.llm_config("prefill"),

@@ -19,6 +19,7 @@ from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from config.schema import AppConfig, DeployFacts
 from manifests.contract import PHASES, RAY_SERVICE_ACCOUNT
+from manifests.network_policies import network_policies
 from manifests.ray_service import ray_service as ray_service_manifest
 from manifests.ray_service import streamer_wheels_location
 
@@ -145,6 +146,8 @@ class PdServingStack(Stack):
             token_key_arn=deployer.hf_token_kms_key_arn,
             gcs_store=gcs_store,
             streamer_wheels=streamer_wheels_location(config),
+            api_key_key_arns=deployer.api_key_kms_key_arns,
+            network_policies=network_policies(config) if config.cluster.network_policies else (),
         )
         mirror = None
         if config.model_mirror.enabled:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -86,7 +87,14 @@ def live_endpoint(args: argparse.Namespace, kubectl: KubectlRunner, namespace: s
                 for pod, phase in sorted(workers.items()):
                     url = stack.enter_context(port_forward(kubectl, namespace, f"pod/{pod}", METRICS_PORT))
                     metrics[f"{phase.capitalize()}/{pod}"] = f"{url}/metrics"
-            return checks.verify_kv_reuse(base_url, model, lambda: checks.phase_snapshot(metrics), timeout=args.timeout)
+            return checks.verify_kv_reuse(
+                base_url,
+                model,
+                lambda: checks.phase_snapshot(metrics),
+                timeout=args.timeout,
+                # The endpoint's key, when it asks for one: the Makefile's API_KEY, from the environment.
+                api_key=os.environ.get("API_KEY", "").strip() or None,
+            )
 
     def run(workers: dict[str, str]) -> list[checks.CheckResult]:
         try:

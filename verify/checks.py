@@ -63,6 +63,7 @@ READY, PLACED, EFA, NIXL, CHAT, KV = (
 )
 AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pending too long")
 HF_TOKEN = "Hugging Face token mounted"
+RAY_AUTH = "Ray token authentication"
 ROLLOUT = "rollout state"
 REPLICA_TIME = "time to the last new replica"
 # Serve's controller logs each replica start with its duration; read on the head pod.
@@ -359,6 +360,39 @@ def hf_token_mounted(pods: dict, probes: Mapping[str, str], cluster: str | None 
     return _result(HF_TOKEN, problems, facts or ["no running GPU worker"])
 
 
+def ray_token_authentication(pods: dict, cluster: str | None = None) -> CheckResult:
+    """Every Ray pod of the serving cluster runs with Ray's token authentication, as KubeRay's
+    authOptions set it up: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the cluster's Secret
+    (common/pod.go, SetContainerTokenAuthEnvVars), in the Ray container."""
+    problems, secrets = [], set()
+    ray_pods = [
+        p
+        for p in pods.get("items") or []
+        if not cluster or (p["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster
+    ]
+    for pod in ray_pods:
+        name = pod["metadata"]["name"]
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e for e in container.get("env") or []}
+        mode = (env.get("RAY_AUTH_MODE") or {}).get("value")
+        ref = ((env.get("RAY_AUTH_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+        if mode != "token":
+            problems.append(f"{name} runs without RAY_AUTH_MODE=token")
+        elif ref.get("key") != "auth_token":
+            problems.append(f"{name} has RAY_AUTH_MODE=token but no RAY_AUTH_TOKEN from a Secret's auth_token")
+        else:
+            secrets.add(ref.get("name", "?"))
+    if problems:
+        problems.append(
+            "a RayCluster created before authOptions keeps running without it until it is replaced: make deploy "
+            "starts a new cluster with it (raise ray_service.auth_token_generation to force one)"
+        )
+    if not ray_pods:
+        problems.append("no Ray pod of the serving cluster found")
+    facts = f"{len(ray_pods)} Ray pod(s) with RAY_AUTH_MODE=token, the token from Secret {', '.join(sorted(secrets))}"
+    return _result(RAY_AUTH, problems, [facts])
+
+
 def _quantity(container: dict, resource: str) -> int:
     resources = container.get("resources") or {}
     value = (resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
@@ -434,14 +468,21 @@ def judge_chat(response: Mapping[str, Any]) -> CheckResult:
 
 
 def chat_completion_works(
-    base_url: str, model: str, *, prompt: str | None = None, max_tokens: int = 16, timeout: float = 120
+    base_url: str,
+    model: str,
+    *,
+    prompt: str | None = None,
+    max_tokens: int = 16,
+    timeout: float = 120,
+    api_key: str | None = None,
 ) -> CheckResult:
-    """One chat completion through the OpenAI endpoint at ``base_url`` (ending in /v1)."""
+    """One chat completion through the OpenAI endpoint at ``base_url`` (ending in /v1), with the
+    endpoint's API key when it asks for one."""
     try:
         import openai
     except ImportError:
         return judge_chat({"error": "the openai package is not installed in this environment"})
-    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=timeout, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=0)
     try:
         response = client.chat.completions.create(
             model=model,
@@ -449,6 +490,13 @@ def chat_completion_works(
             max_tokens=max_tokens,
             temperature=0,
         )
+    except openai.AuthenticationError as exc:
+        fix = (
+            "API_KEY is not the key of any secret in ray_service.endpoint.api_key_secrets"
+            if api_key
+            else "the endpoint asks for an API key (ray_service.endpoint.api_key_secrets): run make verify API_KEY=…"
+        )
+        return judge_chat({"error": f"POST {base_url}/chat/completions: HTTP {exc.status_code}; {fix}"})
     except openai.OpenAIError as exc:
         return judge_chat({"error": f"POST {base_url}/chat/completions failed: {type(exc).__name__}: {exc}"})
     return judge_chat(response.model_dump())
@@ -524,14 +572,20 @@ def phase_snapshot(metrics_urls: Mapping[str, str]) -> Counters:
 
 
 def verify_kv_reuse(
-    base_url: str, model: str, snapshot: Callable[[], Counters], *, timeout: float = 60, poll: float = 2.0
+    base_url: str,
+    model: str,
+    snapshot: Callable[[], Counters],
+    *,
+    timeout: float = 60,
+    poll: float = 2.0,
+    api_key: str | None = None,
 ) -> list[CheckResult]:
     """One chat completion, then its KV transfer read from the counters ``snapshot`` returns.
 
     Assumes no other traffic: another request's prompt would show up in the same counters.
     """
     before = settled(snapshot, poll, timeout)
-    chat = chat_completion_works(base_url, model)
+    chat = chat_completion_works(base_url, model, api_key=api_key)
     if not chat.passed:
         return [chat, CheckResult(KV, False, "no completion, so no transfer to measure")]
     deadline = time.monotonic() + timeout
@@ -625,6 +679,7 @@ def run_all(
     return [
         ready,
         rollout,
+        ray_token_authentication(pods, cluster),
         *token,
         autoscaler_sees_gpu_groups(deployment, status, gpu_groups),
         no_worker_pending_too_long(pods, now, max(replica_estimates.values())),

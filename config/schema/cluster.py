@@ -11,6 +11,10 @@ from config import catalog, versions
 from config.schema.base import ADDON_VERSION, IAM_PRINCIPAL_ARN, LogRetentionDays, StrictModel, check_cidrs
 from config.schema.deploy import UNRESOLVED_DEPLOYER_CIDR
 
+# The VPC CNI release whose network policy agent enforces NetworkPolicy (v1.14.0-eksbuild.3):
+# https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy.html
+MIN_VPC_CNI_NETWORK_POLICY = (1, 14)
+
 
 def _installed(distribution: str) -> bool:
     """Whether a package is installed, without importing it (aws_cdk's import starts a Node.js process)."""
@@ -235,6 +239,16 @@ class ClusterConfig(StrictModel):
         default_factory=AutoscalingConfig,
         description="Cluster Autoscaler: GPU nodes per phase follow Ray's pending worker pods, from zero too.",
     )
+    network_policies: bool = Field(
+        default=True,
+        description=(
+            "Enforce Kubernetes NetworkPolicy with the VPC CNI (its add-on's enableNetworkPolicy, from add-on "
+            "v1.14.0) and restrict who may connect to the serving namespace's pods: default deny, Ray's own "
+            "traffic among the Ray pods, the dashboard from the KubeRay operator, each phase's NIXL ports from "
+            "the other, Serve's port from the load balancer, the metrics port from the scraper "
+            "(manifests/network_policies.py, docs/security.md)."
+        ),
+    )
     addon_versions: dict[Literal["vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"], str] = Field(
         default_factory=dict,
         description=(
@@ -284,6 +298,19 @@ class ClusterConfig(StrictModel):
                     f"`aws eks describe-addon-versions --addon-name {name}`"
                 )
         return values
+
+    @model_validator(mode="after")
+    def _cni_enforces_policies(self) -> ClusterConfig:
+        version = self.addon_versions.get("vpc-cni")
+        if self.network_policies and version:
+            major, minor = (int(part) for part in version.removeprefix("v").split(".")[:2])
+            if (major, minor) < MIN_VPC_CNI_NETWORK_POLICY:
+                raise ValueError(
+                    f"network_policies is on, but addon_versions.vpc-cni {version} cannot enforce NetworkPolicy "
+                    "(the VPC CNI's network policy agent arrived in v1.14.0); use a newer vpc-cni version or "
+                    "leave it out (EKS's default for the cluster's version has it)"
+                )
+        return self
 
     @field_validator("admin_principals")
     @classmethod

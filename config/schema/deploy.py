@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, field_validator
+from pydantic import Field, NonNegativeInt, StringConstraints, field_validator
 
 from config.schema.base import IAM_PRINCIPAL_ARN, StrictModel
 
@@ -15,6 +15,7 @@ NodeGroupName = Literal["system", "prefill", "decode"]
 # Stands in for the deployer's address until `make deploy` resolves it: RFC 5737 TEST-NET-1,
 # which no client comes from, so a template deployed without the guard fails closed.
 UNRESOLVED_DEPLOYER_CIDR = "192.0.2.1/32"
+KMS_KEY_ARN = r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/(mrk-)?[0-9a-f-]+$"
 
 
 class AwsTarget(StrictModel):
@@ -95,7 +96,14 @@ class DeployFacts(StrictModel):
             "The customer-managed KMS key the gated model's token secret is encrypted with "
             "(secretsmanager:DescribeSecret); the Ray pods' role may then decrypt with it through Secrets Manager."
         ),
-        pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/(mrk-)?[0-9a-f-]+$",
+        pattern=KMS_KEY_ARN,
+    )
+    api_key_kms_key_arns: list[Annotated[str, StringConstraints(pattern=KMS_KEY_ARN)]] = Field(
+        default_factory=list,
+        description=(
+            "The customer-managed KMS keys the endpoint's API key secrets are encrypted with "
+            "(secretsmanager:DescribeSecret); the Ray pods' role may then decrypt with them through Secrets Manager."
+        ),
     )
 
     @field_validator("deployer_cidr")

@@ -11,8 +11,15 @@ from config import catalog, versions
 from config.schema.base import StrictModel, check_cidrs, dns_label
 from kuberay.apimachinery import dns1035_label_errors
 from kuberay.rules import MAX_RAY_SERVICE_NAME_LENGTH
+from serve_app.spec import secret_reference_problem
 
 VERSIONED_TAG = re.compile(r"(^|[^0-9])v?\d+\.\d+(\.\d+)?([^0-9]|$)")
+# The shapes API keys come in (OpenAI's sk-…, a long unbroken run of base64 or hex), which a secret's
+# name, made of words and separators, has no reason to take: such a value is a key pasted in place of
+# the name. (`make deploy`'s guard also finds that a named secret does not exist.)
+LOOKS_LIKE_A_KEY = re.compile(r"^(sk-\S{8,}|[A-Za-z0-9+=]{32,})$")
+# Enough to rotate: the key in use and its successor, with room for a client that moves late.
+MAX_API_KEY_SECRETS = 4
 
 
 class HeadResources(StrictModel):
@@ -96,6 +103,17 @@ class EndpointExposure(StrictModel):
         default_factory=list,
         description="CIDRs allowed to reach the internal NLB (required when internal_nlb is on).",
     )
+    api_key_secrets: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_API_KEY_SECRETS,
+        description=(
+            "Secrets Manager secrets (names in aws.region, or complete ARNs) that each hold one API key for "
+            "the OpenAI endpoint: a request without `Authorization: Bearer <one of them>` gets HTTP 401. "
+            "The GPU workers mount them through the CSI driver, read with their own Pod Identity role; no "
+            "value is ever in the config, a template or the Serve config. Several at once rotate a key: add "
+            "the new secret, deploy, move the clients, remove the old one, deploy. Empty: no key is asked for."
+        ),
+    )
 
     @model_validator(mode="after")
     def _cidrs(self) -> EndpointExposure:
@@ -103,6 +121,24 @@ class EndpointExposure(StrictModel):
         if self.internal_nlb and not self.allowed_cidrs:
             raise ValueError("internal_nlb is on but allowed_cidrs is empty; list the CIDRs that may call the endpoint")
         return self
+
+    @field_validator("api_key_secrets")
+    @classmethod
+    def _secret_references(cls, values: list[str]) -> list[str]:
+        for index, value in enumerate(values):
+            field = f"entry {index}"
+            if LOOKS_LIKE_A_KEY.match(value):
+                raise ValueError(
+                    f"{field} looks like an API key, not the name of a secret: a key never goes into the config; "
+                    "put it in Secrets Manager (`aws secretsmanager create-secret --name NAME --secret-string …`) "
+                    "and name the secret here"
+                )
+            problem = secret_reference_problem(field, value)
+            if problem:
+                raise ValueError(problem)
+        if len(set(values)) != len(values):
+            raise ValueError("a secret is named twice; list each once")
+        return values
 
 
 class RayServiceConfig(StrictModel):
@@ -146,6 +182,17 @@ class RayServiceConfig(StrictModel):
             "has (KubeRay's rayClusterDeletionDelaySeconds). Left empty: serving.request_timeout_s plus 60 s. "
             "Shorter than the request timeout is refused: a generation Serve still allows would be cut when "
             "the old cluster goes."
+        ),
+    )
+    auth_token_generation: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Ray's token authentication is always on (KubeRay's authOptions, mode token): KubeRay makes a "
+            "random token for each RayCluster, in a Secret the cluster owns, and every Ray process, the "
+            "autoscaler and KubeRay's own calls to the dashboard use it. Raise this number to rotate the "
+            "token: it goes onto every pod template, so the next deploy is a NewCluster upgrade, with a new "
+            "cluster and a new token, and the old one goes with the old cluster."
         ),
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod size.")

@@ -121,6 +121,18 @@ def token_secret_in_region(config: AppConfig) -> str | None:
     return None
 
 
+def api_key_secrets_in_region(config: AppConfig) -> str | None:
+    """API key secrets given as ARNs live in aws.region, where the GPU workers mount them."""
+    for index, secret in enumerate(config.ray_service.endpoint.api_key_secrets):
+        region = secret.split(":")[3] if secret.startswith("arn:") else config.aws.region
+        if region != config.aws.region:
+            return (
+                f"ray_service.endpoint.api_key_secrets[{index}] {secret} is in {region}; the pods read it in "
+                f"{config.aws.region}: use a secret in {config.aws.region} (or a replica of it there)"
+            )
+    return None
+
+
 def amp_scrape_interval(config: AppConfig) -> str | None:
     """Amazon Managed Prometheus scrapers take no interval under AMP_MIN_SCRAPE_INTERVAL."""
     observability = config.observability
@@ -206,6 +218,7 @@ RULES: tuple[Rule, ...] = (
     mirror_name,
     surge_needs_ray_2_60,
     token_secret_in_region,
+    api_key_secrets_in_region,
     amp_scrape_interval,
     deletion_delay_outlives_requests,
     gcs_fault_tolerance_has_a_store,

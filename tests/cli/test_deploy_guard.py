@@ -297,6 +297,24 @@ def test_token_secret_whose_key_is_pending_deletion_is_refused():
     assert "PendingDeletion" in line and "aws kms cancel-key-deletion --key-id" in line
 
 
+def with_api_keys(data: dict) -> dict:
+    data["ray_service"].setdefault("endpoint", {})["api_key_secrets"] = ["pd-serving/api-key-1", "pd-serving/api-key-2"]
+    return data
+
+
+def test_api_key_secrets_are_checked_and_a_customer_key_is_resolved():
+    verdict = guard("api-key-secrets", with_api_keys(config_data()))
+    assert verdict.errors == [] and verdict.warnings == []
+    # The first uses Secrets Manager's own key (nothing to grant), the second the platform team's.
+    assert verdict.facts.api_key_kms_key_arns == [TOKEN_KEY]
+
+
+def test_an_api_key_secret_that_does_not_exist_is_refused():
+    (line,) = guard("api-key-secret-missing", with_api_keys(config_data())).errors
+    assert "ray_service.endpoint.api_key_secrets[1] pd-serving/api-key-2 does not exist in us-east-2" in line
+    assert "could not mount the API key; create it with the API key as its value" in line
+
+
 def test_a_multi_region_key_is_a_fact_the_stack_accepts():
     # A multi-Region key's id starts with mrk-.
     arn = f"arn:aws:kms:us-east-2:{ACCOUNT}:key/mrk-1234abcd12ab34cd56ef1234567890ab"

@@ -108,6 +108,7 @@ def test_rules_run_in_the_order_the_validators_ran():
         "mirror_name",
         "surge_needs_ray_2_60",
         "token_secret_in_region",
+        "api_key_secrets_in_region",
         "amp_scrape_interval",
         "deletion_delay_outlives_requests",
         "gcs_fault_tolerance_has_a_store",

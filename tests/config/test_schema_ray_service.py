@@ -39,3 +39,54 @@ def test_name_kuberay_refuses(dev_data):
         "characters: lower-case letters, digits and '-', starting with a letter and ending with a letter or digit, "
         "for example pd-llm"
     )
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("ray_service", "auth_token"), ("ray_service.endpoint", "api_key"), ("ray_service.endpoint", "api_keys")],
+)
+def test_a_secret_written_as_a_value_is_refused_naming_the_field(dev_data, section, key):
+    target = dev_data
+    for part in section.split("."):
+        target = target.setdefault(part, {})
+    target[key] = "sk-live-0123456789abcdef"
+    problem = problems_for(dev_data)
+    assert problem.startswith(f"test.yaml: {section}.{key}: a secret is never a config value")
+    assert "sk-live" not in problem
+
+
+def test_an_api_key_in_place_of_its_secrets_name_is_refused(dev_data):
+    dev_data["ray_service"] = {"endpoint": {"api_key_secrets": ["pd/api-key", "sk-live-0123456789abcdef"]}}
+    assert problems_for(dev_data) == (
+        "test.yaml: ray_service.endpoint.api_key_secrets: entry 1 looks like an API key, not the name of a secret: "
+        "a key never goes into the config; put it in Secrets Manager (`aws secretsmanager create-secret --name NAME "
+        "--secret-string …`) and name the secret here"
+    )
+
+
+def test_api_key_secrets_are_names_or_arns_in_the_region(dev_data):
+    dev_data["ray_service"] = {"endpoint": {"api_key_secrets": ["bad name!"]}}
+    assert "entry 0 'bad name!' is not a Secrets Manager secret name" in problems_for(dev_data)
+    other = "arn:aws:secretsmanager:eu-west-1:000000000000:secret:pd/api-key-AbCdEf"
+    dev_data["ray_service"] = {"endpoint": {"api_key_secrets": [other]}}
+    assert problems_for(dev_data).endswith(
+        f"ray_service.endpoint.api_key_secrets[0] {other} is in eu-west-1; the pods read it in "
+        "us-east-2: use a secret in us-east-2 (or a replica of it there)"
+    )
+
+
+def test_at_most_four_api_key_secrets(dev_data):
+    dev_data["ray_service"] = {"endpoint": {"api_key_secrets": [f"pd/api-key-{i}" for i in range(5)]}}
+    assert "ray_service.endpoint.api_key_secrets" in problems_for(dev_data)
+
+
+def test_the_auth_token_generation_only_grows_from_one(dev_data):
+    dev_data["ray_service"] = {"auth_token_generation": 0}
+    assert "ray_service.auth_token_generation" in problems_for(dev_data)
+
+
+def test_client_cidrs_that_are_not_cidrs_are_refused_naming_the_field(dev_data):
+    dev_data["ray_service"] = {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8", "10.1.2.300/32"]}}
+    assert problems_for(dev_data) == (
+        "test.yaml: ray_service.endpoint: allowed_cidrs: '10.1.2.300/32' is not a CIDR such as 10.0.0.0/8"
+    )

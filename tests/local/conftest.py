@@ -33,8 +33,14 @@ LIVE_SERVERS = {
     ),
     # The cluster's shape: a head with no resources, a worker node per phase, and GCS fault tolerance
     # on a loopback Redis (local/cluster.py); then the same shape without it.
+    # It also asks every request for an API key (tests/local/test_local_security.py): the others
+    # ask for none, so the suite serves both ways.
     "gcs-fault-tolerant": dict(
-        mode="disaggregated", port=8000, metrics_port=8085, extra_args=["--gcs-fault-tolerance"]
+        mode="disaggregated",
+        port=8000,
+        metrics_port=8085,
+        extra_args=["--gcs-fault-tolerance"],
+        api_key="sk-local-" + "5f0c" * 8,
     ),
     "ray-cluster": dict(mode="disaggregated", port=8000, metrics_port=8085, extra_args=["--ray-cluster"]),
 }
@@ -47,6 +53,7 @@ ORDER = [
     "test_local_lifecycle.py::test_after_a_kill_9_the_next_start_cleans_up_and_serves",
     "test_local_streaming.py",
     "test_local_disaggregated.py",
+    "test_local_security.py",
     "test_local_gcs_fault_tolerance.py",
     "test_local_lifecycle.py",
 ]
@@ -111,7 +118,7 @@ def bench_rows() -> dict:
 def openai_client(server):
     import openai
 
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=120, max_retries=0)
+    return openai.OpenAI(base_url=server.base_url, api_key=server.api_key or "unused", timeout=120, max_retries=0)
 
 
 def unique_prompt(tag: str, length: int = 100) -> str:

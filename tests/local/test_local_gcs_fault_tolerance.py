@@ -67,11 +67,13 @@ def gcs_servers(session: int) -> list[int]:
     return [pid for pid in session_processes(session) if "/gcs/gcs_server " in lifecycle.command_of(pid) + " "]
 
 
-def load(base_url: str, records: list[dict], stop: threading.Event, index: int) -> None:
+def load(server, records: list[dict], stop: threading.Event, index: int) -> None:
     """One closed-loop client, appending a record per request to ``records`` as it goes."""
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    client = openai.OpenAI(
+        base_url=server.base_url, api_key=server.api_key or "unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
+    )
     n = 0
     while not stop.is_set():
         started = time.monotonic()
@@ -118,10 +120,7 @@ def kill_gcs_under_load(server) -> dict:
 
     stop = threading.Event()
     records: list[dict] = []
-    clients = [
-        threading.Thread(target=load, args=(server.base_url, records, stop, i), daemon=True)
-        for i in range(LOAD_CLIENTS)
-    ]
+    clients = [threading.Thread(target=load, args=(server, records, stop, i), daemon=True) for i in range(LOAD_CLIENTS)]
     for client in clients:
         client.start()
     time.sleep(8)

@@ -582,3 +582,31 @@ def test_the_ingress_never_lands_on_the_head_and_fits_beside_the_engines(mode):
                 node = {name: node[name] - bundle.get(name, 0.0) for name in node}
         if phase in phases or mode == "colocated":
             assert _fits(demand, node), (group["groupName"], demand, node)
+
+
+@pytest.mark.parametrize("env", SHIPPED_ENVIRONMENTS)
+def test_ray_token_authentication_is_on_and_left_to_kuberay(env):
+    """mode token, said explicitly (KubeRay enables nothing for an empty mode), and no container sets
+    RAY_AUTH_MODE or RAY_AUTH_TOKEN itself: KubeRay skips its injection in a container that does
+    (common/pod.go, SetContainerTokenAuthEnvVars), and its own dashboard calls use the Secret's token."""
+    config, manifest = manifest_for(env)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not {n for n in names if n.startswith("RAY_AUTH_")}, container["name"]
+        annotations = group["template"]["metadata"]["annotations"]
+        assert annotations["pd-serving/ray-auth-token-generation"] == str(config.ray_service.auth_token_generation)
+
+
+def test_a_ray_auth_variable_in_the_serving_spec_is_refused():
+    from config.loader import ConfigError
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"]["env_vars"] = {"RAY_AUTH_MODE": "disabled"}
+    with pytest.raises(
+        ConfigError, match=r"serving: env_vars.RAY_AUTH_MODE: Ray's token authentication is the cluster's"
+    ):
+        parse_config(data)

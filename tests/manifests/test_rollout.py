@@ -155,3 +155,39 @@ def test_a_new_cluster_starts_at_the_replicas_that_serve_and_the_count_starts_no
     assert by_group(grown) == {"prefill-gpu": 1, "decode-gpu": 3}
     assert by_group(beyond)["decode-gpu"] == groups.decode.max_size
     assert cluster_spec_hash(plain) == cluster_spec_hash(grown) == cluster_spec_hash(beyond)
+
+
+@pytest.mark.parametrize("rollout", ["new_cluster", "in_place"])
+def test_raising_the_auth_token_generation_rotates_the_token_by_a_new_cluster(rollout):
+    """KubeRay makes the token per RayCluster; a new cluster is a new token, whatever the rollout."""
+    data = data_with(rollout)
+    before = rendered_ray_service(parse_config(data))
+    data["ray_service"]["auth_token_generation"] = 2
+    after = rendered_ray_service(parse_config(data))
+    validate_ray_service(after)
+    assert cluster_spec_hash(before["spec"]["rayClusterConfig"]) != cluster_spec_hash(after["spec"]["rayClusterConfig"])
+
+
+def test_turning_token_authentication_on_for_a_deployed_cluster_is_a_new_cluster():
+    """The RayService that 2b5a230 deployed (before authOptions) against today's: KubeRay builds a
+    second cluster with authentication on and switches to it while the old one serves; a cluster is
+    never switched to token authentication in place."""
+    import json
+
+    from preview.serving import ray_service_of
+    from tests.conftest import ROOT
+
+    template = json.loads(
+        (ROOT / "tests" / "fixtures" / "deployed" / "pd-dev-two-admins-2b5a230.template.json").read_text()
+    )
+    deployed = ray_service_of(template)["spec"]["rayClusterConfig"]
+    assert "authOptions" not in deployed
+    today = rendered_ray_service(parse_config(data_with("in_place")))["spec"]["rayClusterConfig"]
+    assert today["authOptions"] == {"mode": "token"}
+    assert cluster_spec_hash(deployed) != cluster_spec_hash(today)
+    # Today's spec without authOptions and the generation hashes otherwise: they alone start the upgrade.
+    stripped = copy.deepcopy(today)
+    del stripped["authOptions"]
+    for group in [stripped["headGroupSpec"], *stripped["workerGroupSpecs"]]:
+        del group["template"]["metadata"]["annotations"]["pd-serving/ray-auth-token-generation"]
+    assert cluster_spec_hash(stripped) != cluster_spec_hash(today)

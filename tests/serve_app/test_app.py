@@ -100,6 +100,23 @@ def test_a_stopped_replica_drains_its_requests_for_as_long_as_they_may_last(loca
         assert deployment._deployment_config.graceful_shutdown_timeout_s == drain, name
 
 
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_with_an_api_key_dir_both_builders_serve_the_keyed_ingress(local_ray, mode):
+    from serve_app.app import build_app
+    from serve_app.ingress import GUARDED, KeyedOpenAiIngress
+
+    spec = cluster_spec(mode=mode, api_key_dir="/etc/pd-serving/api-keys")
+    ingress = graph(build_app(spec.model_dump(mode="json")))["KeyedOpenAiIngress"]
+    assert issubclass(ingress.func_or_class, KeyedOpenAiIngress)
+    assert ingress.init_kwargs["api_key_dir"] == "/etc/pd-serving/api-keys"
+    assert all(
+        getattr(getattr(ingress.func_or_class, name), GUARDED, False) for name in ("completions", "chat", "models")
+    )
+    # Without one, Ray's own ingress, unchanged.
+    plain = graph(build_app(cluster_spec(mode=mode).model_dump(mode="json")))["OpenAiIngress"]
+    assert not issubclass(plain.func_or_class, KeyedOpenAiIngress) and "api_key_dir" not in plain.init_kwargs
+
+
 def test_a_drain_longer_than_the_request_timeout_is_refused():
     with pytest.raises(ValueError, match=r"drain_timeout_s \(700\) is longer than request_timeout_s \(600\)"):
         cluster_spec(drain_timeout_s=700)

@@ -251,6 +251,7 @@ def test_cli_on_a_healthy_recording_passes_every_check():
     assert [line.split(":")[0] for line in lines[:-1]] == [
         "PASS RayService ready",
         "PASS rollout state",
+        "PASS Ray token authentication",
         "PASS Cluster Autoscaler sees both GPU groups",
         "PASS no worker Pending too long",
         "PASS time to the last new replica",
@@ -260,7 +261,7 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS chat completion",
         "PASS KV transferred, no recompute",
     ]
-    assert lines[-1] == "10/10 checks passed"
+    assert lines[-1] == "11/11 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -278,7 +279,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
-    assert out.splitlines()[-1] == "6/10 checks passed"
+    assert out.splitlines()[-1] == "7/11 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -456,3 +457,21 @@ def test_time_to_the_last_replica_is_reported_next_to_the_planners_estimate():
         f"decode: {DECODE_POD}: 98 s waiting for a node, 86 s to Ready (image pull, Ray), 196 s for Serve's replica "
         "(weights, engine); about 380 s in all, planner estimate 285 s"
     )
+
+
+def test_a_ray_pod_without_token_authentication_fails_the_check():
+    """A RayCluster created before authOptions: its pods have no RAY_AUTH_* (KubeRay injects them at creation)."""
+    recorded = pods()
+    healthy = checks.ray_token_authentication(recorded)
+    assert (
+        healthy.passed
+        and "3 Ray pod(s) with RAY_AUTH_MODE=token, the token from Secret pd-llm-xk2vd" in healthy.evidence
+    )
+    for pod in recorded["items"][:1]:
+        pod["spec"]["containers"][0]["env"] = [
+            e for e in pod["spec"]["containers"][0]["env"] if not e["name"].startswith("RAY_AUTH_")
+        ]
+    result = checks.ray_token_authentication(recorded)
+    assert not result.passed
+    assert "pd-llm-xk2vd-head-8tq2w runs without RAY_AUTH_MODE=token" in result.evidence
+    assert "raise ray_service.auth_token_generation" in result.evidence

@@ -1,0 +1,50 @@
+"""The endpoint's API keys as Kubernetes objects: the SecretProviderClass that names the configured
+Secrets Manager secrets, and where they appear in a GPU worker (a CSI volume at ``MOUNT_PATH``, one
+file per secret, which the keyed ingress reads: ``serve_app/ingress.py``).
+
+Only the GPU workers mount them: the ingress replica runs there (it asks for a phase resource or a
+CPU, which the head has none of), and a missing secret must not hold the head at ContainerCreating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from manifests.hf_token import CSI_DRIVER, aws_secret_provider_class
+
+PROVIDER_CLASS = "api-keys"
+VOLUME = "api-keys"
+MOUNT_PATH = "/var/run/secrets/pd-serving/api-keys"
+
+
+def file_name(index: int) -> str:
+    return f"key-{index}"
+
+
+def secret_provider_class(*, namespace: str, secrets: Sequence[str], region: str) -> dict[str, Any]:
+    """Each secret of ``ray_service.endpoint.api_key_secrets`` as its own file (ASCP, Pod Identity)."""
+    return aws_secret_provider_class(
+        name=PROVIDER_CLASS,
+        namespace=namespace,
+        secrets={secret: file_name(index) for index, secret in enumerate(secrets)},
+        region=region,
+    )
+
+
+def mount(group: dict[str, Any]) -> None:
+    """The keys' CSI volume on a worker group's pods, read-only in the Ray container."""
+    pod = group["template"]["spec"]
+    pod.setdefault("volumes", []).append(
+        {
+            "name": VOLUME,
+            "csi": {
+                "driver": CSI_DRIVER,
+                "readOnly": True,
+                "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS},
+            },
+        }
+    )
+    pod["containers"][0].setdefault("volumeMounts", []).append(
+        {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}
+    )

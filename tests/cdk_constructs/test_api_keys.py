@@ -1,0 +1,98 @@
+"""The endpoint's API keys reach the keyed ingress by reference: Secrets Manager secrets, mounted
+on the GPU workers by the CSI driver and read there with the Ray pods' Pod Identity role, and named
+in the Serve config only by the directory they are mounted at."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from manifests import api_keys
+from tests.conftest import CONFIG_DIR
+
+SECRETS = ["pd-serving/api-key-1", "arn:aws:secretsmanager:us-east-2:000000000000:secret:pd-serving/api-key-2-Zx9cVb"]
+CUSTOMER_KEY = "arn:aws:kms:us-east-2:000000000000:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def keyed_data() -> dict:
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["ray_service"].setdefault("endpoint", {})["api_key_secrets"] = list(SECRETS)
+    return data
+
+
+@pytest.fixture(scope="module")
+def keyed(variant):
+    from config.schema import DeployFacts
+
+    stack, template, _ = variant("api-keys", keyed_data(), DeployFacts(api_key_kms_key_arns=[CUSTOMER_KEY]))
+    return stack, template
+
+
+def test_the_gpu_workers_mount_each_key_and_the_head_none(keyed):
+    stack, _ = keyed
+    cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert all(v["name"] != api_keys.VOLUME for v in head.get("volumes", []))
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == api_keys.VOLUME]
+        assert volume["csi"]["volumeAttributes"] == {"secretProviderClass": api_keys.PROVIDER_CLASS}
+        assert {"name": api_keys.VOLUME, "mountPath": api_keys.MOUNT_PATH, "readOnly": True} in pod["containers"][0][
+            "volumeMounts"
+        ]
+
+
+def test_the_provider_class_names_each_secret_as_its_own_file(keyed):
+    stack, template = keyed
+    body = stack.serving.api_keys_provider_class_body
+    assert body["metadata"] == {"name": api_keys.PROVIDER_CLASS, "namespace": "llm"}
+    objects = yaml.safe_load(body["spec"]["parameters"]["objects"])
+    assert objects == [
+        {"objectName": SECRETS[0], "objectType": "secretsmanager", "objectAlias": "key-0"},
+        {"objectName": SECRETS[1], "objectType": "secretsmanager", "objectAlias": "key-1"},
+    ]
+    assert body["spec"]["parameters"]["usePodIdentity"] == "true"
+    # Applied before the RayService, whose workers mount it.
+    depends_on = {d.node.path for d in stack.serving.manifest.node.dependencies}
+    assert stack.serving.api_keys_provider_class.node.path in depends_on
+
+
+def test_the_serve_config_names_the_directory_and_never_a_key(keyed):
+    stack, _ = keyed
+    application = yaml.safe_load(stack.serving.serve_config_v2)["applications"][0]
+    assert application["args"]["api_key_dir"] == api_keys.MOUNT_PATH
+    from serve_app.spec import ServingSpec
+
+    _, builder_args = ServingSpec.model_validate(application["args"]).builder_args()
+    assert builder_args["ingress_cls_config"] == {
+        "ingress_cls": "serve_app.ingress:KeyedOpenAiIngress",
+        "ingress_extra_kwargs": {"api_key_dir": api_keys.MOUNT_PATH},
+    }
+
+
+def test_the_ray_pods_may_read_exactly_those_secrets_and_decrypt_with_the_customer_key(keyed):
+    _, template = keyed
+    statements = [
+        s
+        for policy in template.find_resources("AWS::IAM::Policy").values()
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    reads = [s for s in statements if "secretsmanager:GetSecretValue" in json.dumps(s["Action"])]
+    text = json.dumps(reads)
+    assert "secret:pd-serving/api-key-1-??????" in text and SECRETS[1] in text
+    (decrypt,) = [s for s in statements if s["Action"] == "kms:Decrypt"]
+    assert decrypt["Resource"] == CUSTOMER_KEY
+    assert decrypt["Condition"] == {"StringEquals": {"kms:ViaService": "secretsmanager.us-east-2.amazonaws.com"}}
+
+
+def test_without_keys_nothing_is_mounted_and_the_ingress_is_rays(variant):
+    from config.loader import parse_config
+    from tests.conftest import rendered_ray_service
+
+    config = parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text()))
+    manifest = rendered_ray_service(config)
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert all(v["name"] != api_keys.VOLUME for v in group["template"]["spec"].get("volumes", []))
+    assert config.serving.api_key_dir is None

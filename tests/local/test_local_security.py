@@ -1,0 +1,136 @@
+"""Who gets in, on the local server in the cluster's shape: real Ray with token authentication (a
+head with its dashboard, a worker node per phase, as KubeRay's authOptions set them up) and the
+keyed ingress (an API key, as ray_service.endpoint.api_key_secrets asks for).
+
+Without Ray's token the dashboard's Serve and job APIs and the GCS refuse the caller; with it they
+answer. Without the API key the OpenAI endpoint answers 401; with it the app serves, through both
+phases. The other shared servers run without a key, so the suite serves both ways.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from local.metrics import PROMPT_TOKENS_BY_SOURCE, counter_delta
+from tests.local.conftest import openai_client, report_measurement, unique_prompt, wait_for_counters
+
+pytestmark = pytest.mark.live
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def server(shared_servers):
+    return shared_servers.get("gcs-fault-tolerant")
+
+
+def ray_token(server) -> str:
+    return Path(server.status["ray_auth_token_file"]).read_text().strip()
+
+
+def dashboard(server, path: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(server.status["cluster"]["dashboard_url"] + path)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def client_environment(**extra: str) -> dict[str, str]:
+    """This test's environment without the run's Ray token settings: a caller that is not the run's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")} | extra
+
+
+def test_the_dashboards_serve_api_needs_rays_token(server):
+    status, body = dashboard(server, "/api/serve/applications/")
+    assert status == 401 and "Missing authentication token" in body
+    status, body = dashboard(server, "/api/serve/applications/", token="0" * 64)
+    assert status == 403 and "Invalid authentication token" in body
+    status, body = dashboard(server, "/api/serve/applications/", token=ray_token(server))
+    assert status == 200
+    assert json.loads(body)["applications"]["llm"]["status"] == "RUNNING"
+    # KubeRay's probes read the exempt health paths, which answer without it.
+    assert dashboard(server, "/api/gcs_healthz")[0] == 200
+
+
+def test_a_job_is_submitted_only_with_rays_token(server):
+    """Job submission runs code on the cluster: exactly what a pod that reached the dashboard could do."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    url = server.status["cluster"]["dashboard_url"]
+    with pytest.raises(AuthenticationError):
+        JobSubmissionClient(url).submit_job(entrypoint="python -c \"print('not me')\"")
+    client = JobSubmissionClient(url, headers={"Authorization": f"Bearer {ray_token(server)}"})
+    job = client.submit_job(entrypoint="python -c \"print('job with the token')\"")
+    deadline = time.monotonic() + 180
+    while client.get_job_status(job) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.monotonic() < deadline, client.get_job_logs(job)
+        time.sleep(2)
+    assert client.get_job_status(job) == JobStatus.SUCCEEDED, client.get_job_logs(job)
+    assert "job with the token" in client.get_job_logs(job)
+
+
+def test_the_gcs_refuses_a_process_without_rays_token(server, tmp_path):
+    """Ray's own health check (what KubeRay's wait-gcs-ready and the autoscaler run first), against the GCS."""
+    address = server.status["cluster"]["gcs_address"]
+    check = [sys.executable, "-m", "ray.scripts.scripts", "health-check", "--address", address, "--skip-version-check"]
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("0" * 64)
+    outcomes = {}
+    for name, env in {
+        "none": client_environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(tmp_path / "missing")),
+        "wrong": client_environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(wrong)),
+        "the run's": client_environment(
+            RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=server.status["ray_auth_token_file"]
+        ),
+    }.items():
+        done = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
+        outcomes[name] = done.returncode
+    assert outcomes["none"] != 0 and outcomes["wrong"] != 0, outcomes
+    assert outcomes["the run's"] == 0, outcomes
+
+
+def test_the_endpoint_answers_401_without_the_api_key_and_serves_with_it(server):
+    without = openai.OpenAI(base_url=server.base_url, api_key="sk-wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        without.completions.create(model=MODEL, prompt="who am I", max_tokens=2)
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    request = urllib.request.Request(server.base_url + "/models")
+    with pytest.raises(urllib.error.HTTPError) as bare:
+        urllib.request.urlopen(request, timeout=60)
+    assert bare.value.code == 401
+    assert json.loads(bare.value.read())["error"]["type"] == "invalid_request_error"
+    # Serve's health check is the proxy's: no key.
+    with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/-/healthz", timeout=30) as health:
+        assert health.status == 200
+
+    client = openai_client(server)
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("keyed", 60), max_tokens=4)
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", 60)
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == (
+        response.usage.prompt_tokens
+    )
+    report_measurement(
+        "who-gets-in",
+        {
+            "dashboard_without_token": dashboard(server, "/api/serve/applications/")[0],
+            "dashboard_with_token": dashboard(server, "/api/serve/applications/", token=ray_token(server))[0],
+            "endpoint_with_a_wrong_key": refused.value.status_code,
+            "endpoint_without_a_key": bare.value.code,
+            "endpoint_with_key_prompt_tokens_over_nixl": response.usage.prompt_tokens,
+        },
+    )
