@@ -216,6 +216,7 @@ def run_load(base_url: str, *, clients: int, seconds: float, stop_event=None) ->
 
 
 LONG_STREAM_TOKENS = 300
+LOAD_BOUND_S = 900
 
 
 def stream_loop(base_url: str, stop_event) -> list[dict]:
@@ -248,6 +249,8 @@ def stream_loop(base_url: str, stop_event) -> list[dict]:
             record["outcome"] = f"http {exc.status_code}"
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             record["outcome"] = type(exc).__name__
+        except openai.APIError as exc:  # an error event inside the stream
+            record["outcome"] = f"stream error: {str(exc)[:120]}"
         record["ended"] = time.monotonic()
         records.append(record)
         n += 1
@@ -462,10 +465,15 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
     s3.copy_object(Bucket=bucket, Key=new_key, CopySource={"Bucket": bucket, "Key": key})
     replicas_before = set(server.replicas())
 
-    seconds = 150
+    # The load and the streams run until the app serves again after the rollout (at most LOAD_BOUND_S):
+    # submitting the new config alone may take minutes on a busy machine.
     outcome: dict = {}
+    load_done = threading.Event()
     loader = threading.Thread(
-        target=lambda: outcome.setdefault("records", run_load(server.base_url, clients=4, seconds=seconds)), daemon=True
+        target=lambda: outcome.setdefault(
+            "records", run_load(server.base_url, clients=4, seconds=LOAD_BOUND_S, stop_event=load_done)
+        ),
+        daemon=True,
     )
     streams_done = threading.Event()
     streamer = threading.Thread(
@@ -494,18 +502,13 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
             "AWS_ACCESS_KEY_ID": "local",
             "AWS_SECRET_ACCESS_KEY": "local",
             "AWS_REGION": "us-east-2",
+            # A process that joins the run's Ray needs the run's token (Ray's token authentication).
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": server.status["ray_auth_token_file"],
         },
     )
     assert done.returncode == 0, done.stderr[-2000:]
     submitted_after = time.monotonic() - rolled_at
-    loader.join(seconds + REQUEST_TIMEOUT_S + 60)
-    records = outcome["records"]
-    failed = [r for r in records if r["outcome"] != "ok"]
-    window = (
-        (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at)
-        if failed
-        else None
-    )
 
     # The rollout happened (every engine replica was replaced), and the app serves again with KV transferred.
     def engines() -> set[str]:
@@ -536,10 +539,22 @@ def test_in_place_rollout_of_a_code_change_measures_what_clients_see(server):
             serves_again_after = time.monotonic() - rolled_at
         except openai.APIError:
             time.sleep(2)
+    time.sleep(10)  # ten seconds of load on the new replicas
+    load_done.set()
+    loader.join(REQUEST_TIMEOUT_S + 60)
+    records = outcome["records"]
+    loaded_for = max(r["started"] + r["seconds"] for r in records) - min(r["started"] for r in records)
+    failed = [r for r in records if r["outcome"] != "ok"]
+    window = (
+        (min(r["started"] for r in failed) - rolled_at, max(r["started"] + r["seconds"] for r in failed) - rolled_at)
+        if failed
+        else None
+    )
     report_measurement(
         "in-place-rollout",
         {
-            **summary(records, seconds),
+            **summary(records, loaded_for),
+            "load_s": round(loaded_for, 1),
             "errors": sorted({r["outcome"] for r in failed}),
             "failing_from_s_after_rollout": round(window[0], 1) if window else None,
             "failing_until_s_after_rollout": round(window[1], 1) if window else None,
