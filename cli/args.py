@@ -12,7 +12,14 @@ from typing import NoReturn
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse.ArgumentParser whose errors are one line on stderr (exit 2) that points at --help."""
+    """argparse.ArgumentParser whose errors are one line on stderr (exit 2) that points at --help.
+
+    A flag must be spelt out: argparse would otherwise take a prefix of one for the flag itself
+    (``--api-key sk-…`` for ``--api-key-env``), and run with a value meant for something else."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (try --help)\n")

@@ -191,6 +191,10 @@ def mirror_wheels(*, bucket: str, prefix: str, directory: Path, s3=None, out=pri
 class ArgumentParser(argparse.ArgumentParser):
     """Errors in one line, exit 2 (as cli.args.ArgumentParser; this file runs alone in the Job)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (try --help)\n")
 
