@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from manifests.hf_token import CSI_DRIVER, aws_secret_provider_class
+from manifests.hf_token import aws_secret_provider_class, mount_secrets
 
 PROVIDER_CLASS = "api-keys"
 VOLUME = "api-keys"
@@ -34,17 +34,4 @@ def secret_provider_class(*, namespace: str, secrets: Sequence[str], region: str
 
 def mount(group: dict[str, Any]) -> None:
     """The keys' CSI volume on a worker group's pods, read-only in the Ray container."""
-    pod = group["template"]["spec"]
-    pod.setdefault("volumes", []).append(
-        {
-            "name": VOLUME,
-            "csi": {
-                "driver": CSI_DRIVER,
-                "readOnly": True,
-                "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS},
-            },
-        }
-    )
-    pod["containers"][0].setdefault("volumeMounts", []).append(
-        {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}
-    )
+    mount_secrets(group, volume=VOLUME, provider_class=PROVIDER_CLASS, mount_path=MOUNT_PATH)

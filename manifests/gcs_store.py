@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from manifests.hf_token import CSI_DRIVER, aws_secret_provider_class
+from manifests.hf_token import aws_secret_provider_class, mount_secrets
 
 PROVIDER_CLASS = "gcs-store-auth"
 # The Kubernetes Secret the driver syncs, and its key: what redisPassword's secretKeyRef names.
@@ -73,16 +73,4 @@ def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> di
 def mount_on_head(head: dict[str, Any]) -> None:
     """The CSI volume on the head pod (and so on KubeRay's cleanup Job), which makes the driver sync
     the Secret that ``REDIS_PASSWORD`` is read from."""
-    pod = head["template"]["spec"]
-    pod.setdefault("volumes", []).append(
-        {
-            "name": VOLUME,
-            "csi": {
-                "driver": CSI_DRIVER,
-                "readOnly": True,
-                "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS},
-            },
-        }
-    )
-    container = pod["containers"][0]
-    container.setdefault("volumeMounts", []).append({"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True})
+    mount_secrets(head, volume=VOLUME, provider_class=PROVIDER_CLASS, mount_path=MOUNT_PATH)

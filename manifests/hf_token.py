@@ -24,11 +24,25 @@ ROTATION_POLL_INTERVAL = "3600s"
 EVERYWHERE = [{"operator": "Exists"}]
 
 
-def pod_volume() -> dict[str, Any]:
+def csi_volume(name: str, provider_class: str) -> dict[str, Any]:
+    """A read-only CSI volume of the Secrets Store driver for one SecretProviderClass."""
     return {
-        "name": VOLUME,
-        "csi": {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": {"secretProviderClass": PROVIDER_CLASS}},
+        "name": name,
+        "csi": {"driver": CSI_DRIVER, "readOnly": True, "volumeAttributes": {"secretProviderClass": provider_class}},
     }
+
+
+def mount_secrets(group: dict[str, Any], *, volume: str, provider_class: str, mount_path: str) -> None:
+    """A SecretProviderClass's files in a Ray group's pods, read-only in the Ray container."""
+    pod = group["template"]["spec"]
+    pod.setdefault("volumes", []).append(csi_volume(volume, provider_class))
+    pod["containers"][0].setdefault("volumeMounts", []).append(
+        {"name": volume, "mountPath": mount_path, "readOnly": True}
+    )
+
+
+def pod_volume() -> dict[str, Any]:
+    return csi_volume(VOLUME, PROVIDER_CLASS)
 
 
 def container_mount() -> dict[str, Any]:
