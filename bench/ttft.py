@@ -135,8 +135,9 @@ def measure(
     return results, where
 
 
-def ttft_table(rows: dict[str, list[SizeResult]]) -> str:
-    """TTFT p50/p90 per mode and size, and P/D minus colocated when both were measured."""
+def ttft_table(rows: dict[str, list[SizeResult]], pd_min_prompt_tokens: int = 0) -> str:
+    """TTFT p50/p90 per mode and size, and P/D minus colocated when both were measured; with selective
+    P/D (``pd_min_prompt_tokens``), which path each size's P/D requests took."""
     sizes = [r.name for r in next(iter(rows.values()))]
     header = ["mode"] + [
         f"{s} ({r.tokens} tok) p50 / p90 ms" for s, r in zip(sizes, next(iter(rows.values())), strict=False)
@@ -154,6 +155,12 @@ def ttft_table(rows: dict[str, list[SizeResult]]) -> str:
             for pd, co in zip(rows["disaggregated"], rows["colocated"], strict=False)
         ]
         lines.append("| " + " | ".join(["P/D − colocated"] + gaps) + " |")
+    if pd_min_prompt_tokens and "disaggregated" in rows:
+        paths = [
+            f"decode alone (< {pd_min_prompt_tokens})" if r.tokens < pd_min_prompt_tokens else "prefill + KV transfer"
+            for r in rows["disaggregated"]
+        ]
+        lines.append("| " + " | ".join(["P/D path"] + paths) + " |")
     return "\n".join(lines)
 
 

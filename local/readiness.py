@@ -68,12 +68,17 @@ def models_listed(base_url: str, api_key: str | None = None) -> bool:
         return False
 
 
-def chat_once(base_url: str, model: str, timeout: float, api_key: str | None = None) -> str | None:
-    """None if one chat completion succeeds, else what went wrong."""
+def chat_once(
+    base_url: str, model: str, timeout: float, api_key: str | None = None, min_prompt_tokens: int = 0
+) -> str | None:
+    """None if one chat completion succeeds, else what went wrong. ``min_prompt_tokens``: the prompt
+    is at least that long (each added word is a token or more), so that selective P/D sends it
+    through prefill."""
+    padding = " ready" * min_prompt_tokens
     body = json.dumps(
         {
             "model": model,
-            "messages": [{"role": "user", "content": f"ready check {time.time_ns()}"}],
+            "messages": [{"role": "user", "content": f"ready check {time.time_ns()}{padding}"}],
             "max_tokens": 2,
             "temperature": 0,
         }
@@ -130,7 +135,13 @@ def wait_until_ready(
                 if spec.mode == "disaggregated"
                 else {}
             )
-            last = chat_once(base_url, spec.model.model_id, timeout=spec.request_timeout_s + 5, api_key=api_key)
+            last = chat_once(
+                base_url,
+                spec.model.model_id,
+                timeout=spec.request_timeout_s + 5,
+                api_key=api_key,
+                min_prompt_tokens=spec.pd_min_prompt_tokens if spec.selective else 0,
+            )
             if last is None:
                 if spec.mode != "disaggregated" or kv_arrived(metrics_url, before):
                     return {"models_at": models_at or time.monotonic()}

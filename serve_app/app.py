@@ -19,4 +19,8 @@ def build_app(args: dict[str, Any]):
 
     spec = ServingSpec.model_validate(args)
     builder_name, builder_args = spec.builder_args()
+    if spec.selective:
+        from serve_app.selective import build_selective_pd_app
+
+        return build_selective_pd_app(builder_args)
     return getattr(llm, builder_name)(builder_args)

@@ -38,6 +38,9 @@ MANAGED_ENGINE_KWARGS = {
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
+# The key of decode's experimental_configs that carries pd_min_prompt_tokens to serve_app/selective.py
+# (Ray carries it and reads it not).
+SELECTIVE_THRESHOLD_KEY = "pd_min_prompt_tokens"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
 SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
@@ -335,6 +338,17 @@ class ServingSpec(SpecModel):
             "every prompt: time on the critical path of the first token, growing with the prompt."
         ),
     )
+    pd_min_prompt_tokens: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "P/D only: a prompt shorter than this many tokens is prefilled by decode itself, with no remote "
+            "prefill and no KV transfer (serve_app/selective.py); a longer one goes through prefill and NIXL. "
+            "Remote prefill adds a second engine call and a transfer before the first token, which pays "
+            "only for long prompts. 0: every request goes through P/D (Ray's build_pd_openai_app as it is). "
+            "`make plan` recommends a value for a workload."
+        ),
+    )
     request_timeout_s: float = Field(
         default=600,
         gt=0,
@@ -390,6 +404,16 @@ class ServingSpec(SpecModel):
                     f"{where} looks like a secret; secrets never go into the serve config "
                     "(use model.hf_token_secret for a Hugging Face token)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _selective_threshold_below_the_context(self) -> ServingSpec:
+        if self.pd_min_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"pd_min_prompt_tokens ({self.pd_min_prompt_tokens}) is not below max_model_len "
+                f"({self.max_model_len}), so no request would ever be disaggregated; lower it, or use "
+                "mode: colocated"
+            )
         return self
 
     @model_validator(mode="after")
@@ -458,6 +482,11 @@ class ServingSpec(SpecModel):
         return {"env_vars": env} if env else {}
 
     @property
+    def selective(self) -> bool:
+        """Whether short prompts skip remote prefill (P/D with a ``pd_min_prompt_tokens``)."""
+        return self.mode == "disaggregated" and self.pd_min_prompt_tokens > 0
+
+    @property
     def drain_seconds(self) -> float:
         """What a stopped replica may take to finish its requests (``drain_timeout_s``, else the request timeout)."""
         return self.drain_timeout_s if self.drain_timeout_s is not None else self.request_timeout_s
@@ -524,6 +553,8 @@ class ServingSpec(SpecModel):
             experimental["_prewarm_prefill_decode"] = True
         if phase == "decode" and self.pd_tokenize_once:
             experimental["pd_tokenize_once"] = True
+        if phase == "decode" and self.pd_min_prompt_tokens:
+            experimental[SELECTIVE_THRESHOLD_KEY] = self.pd_min_prompt_tokens
         return experimental
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:

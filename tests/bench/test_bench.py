@@ -137,6 +137,17 @@ def test_ttft_tables_give_the_gap_and_where_it_goes():
     assert "| prefill engine (queue + prefill) | 40 | 90 |" in where_table(rows)
 
 
+def test_ttft_table_says_which_sizes_selective_pd_kept_on_decode():
+    from bench.ttft import SizeResult, ttft_table
+
+    pd = [SizeResult("short", 20, [0.03]), SizeResult("long", 1500, [0.16])]
+    co = [SizeResult("short", 20, [0.03]), SizeResult("long", 1500, [0.06])]
+    assert "| P/D path | decode alone (< 32) | prefill + KV transfer |" in ttft_table(
+        {"disaggregated": pd, "colocated": co}, pd_min_prompt_tokens=32
+    )
+    assert "P/D path" not in ttft_table({"disaggregated": pd, "colocated": co})
+
+
 def test_ttft_prompts_are_unique_and_of_the_asked_length():
     from bench.ttft import prompt_of
 

@@ -126,6 +126,54 @@ def test_decode_reuses_the_kv_cache_that_prefill_computed(server, client):
     assert counter_delta(before, after, "Decode", NIXL_TRANSFERS) >= 1
 
 
+# Selective disaggregation: below serving.pd_min_prompt_tokens, decode prefills the prompt itself --
+
+
+def local_threshold() -> int:
+    from serve_app.spec import load_spec
+
+    threshold = load_spec(str(ROOT / "config" / "local.yaml")).pd_min_prompt_tokens
+    assert threshold > 0, "config/local.yaml runs selective P/D (its tests below need a threshold)"
+    return threshold
+
+
+def test_a_prompt_below_the_threshold_never_reaches_prefill(server, client):
+    short = local_threshold() - 12
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("short", short), max_tokens=8, temperature=0)
+    assert response.usage.prompt_tokens == short
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute", short)
+    # Decode computed the whole prompt; prefill saw nothing and no KV moved.
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == short
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
+    assert counter_delta(before, after, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
+    assert counter_delta(before, after, "Decode", NIXL_TRANSFERS) == 0
+
+
+def test_a_short_chat_is_prefilled_by_decode_too(server, client):
+    before = server.counters()
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
+    assert response.usage.prompt_tokens < local_threshold()
+    after = wait_for_counters(
+        server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute", response.usage.prompt_tokens
+    )
+    assert counter_delta(before, after, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
+
+
+def test_a_prompt_at_the_threshold_is_disaggregated(server, client):
+    threshold = local_threshold()
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=unique_prompt("edge", threshold), max_tokens=4)
+    assert response.usage.prompt_tokens == threshold
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", threshold)
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == threshold
+    assert counter_delta(before, after, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == threshold
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
+
+
 # Bad requests get OpenAI-style 4xx errors, and the server keeps serving --------------------------
 
 

@@ -1,0 +1,142 @@
+"""Selective disaggregation: a prompt shorter than ``serving.pd_min_prompt_tokens`` is prefilled by
+decode itself; a longer one goes through remote prefill and NIXL as in Ray Serve LLM's P/D graph.
+
+Remote prefill only pays when the prompt is long enough that computing it on decode would stall
+decode's running streams for longer than the KV transfer costs. For a short prompt it only adds a
+second engine call, a handshake and a transfer before the first token (on this project's CPU
+run, 50-100 ms). This is a thin layer over Ray Serve LLM's own classes, the same in Ray 2.58 (the
+cluster image) and 2.60 (the tests):
+
+- :class:`SelectivePDDecodeServer` is Ray's ``PDDecodeServer`` (decode owns an engine and calls
+  prefill); its ``chat``/``completions`` count the prompt's tokens with decode's own tokenizer and
+  either run the request on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``:
+  vLLM computes the prompt itself) or hand it to Ray's P/D orchestration unchanged.
+- :func:`build_selective_pd_app` is Ray's ``build_pd_openai_app`` with that class for decode. The
+  builder picks its decode class by a module-level name, so the build swaps that one name for the
+  time of the call; everything else (prefill, ingress, options, DP checks) is Ray's own code.
+
+The threshold reaches the replica as ``experimental_configs[SELECTIVE_THRESHOLD_KEY]`` of decode's LLMConfig,
+a key Ray carries and does not read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
+from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+
+from serve_app.spec import SELECTIVE_THRESHOLD_KEY
+
+logger = logging.getLogger(__name__)
+
+# The name build_pd_openai_app reads its (non-DP) decode class from.
+DECODE_CLASS_NAME = "PDDecodeServer"
+
+
+def prompt_token_count(tokenizer: Any, request: Any) -> int | None:
+    """Tokens of ``request``'s prompt as decode's engine would see them, or None when it cannot be
+    told (then the request takes the P/D path, today's behaviour)."""
+    messages = getattr(request, "messages", None)
+    if messages is not None:
+        rendered = [_text_message(m) for m in messages]
+        if any(m is None for m in rendered):
+            return None
+        try:
+            ids = tokenizer.apply_chat_template(rendered, tokenize=True, add_generation_prompt=True)
+        except Exception:  # a template this tokenizer cannot render, multimodal parts, …
+            return None
+        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return len(ids)
+    prompt = getattr(request, "prompt", None)
+    if isinstance(prompt, str):
+        return len(tokenizer.encode(prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    # Batched prompts (a list of strings or of id lists) go through P/D, as one request each would.
+    return None
+
+
+def _text_message(message: Any) -> dict[str, Any] | None:
+    """``message`` with its content as one string, the way vLLM renders text parts for a template
+    that takes strings (joined by newlines); None for a part that is not text (an image, audio)."""
+    message = dict(message) if not isinstance(message, dict) else message
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return message
+    texts = []
+    for part in content:
+        part = dict(part) if not isinstance(part, dict) else part
+        if part.get("type") != "text":
+            return None
+        texts.append(part.get("text", ""))
+    return {**message, "content": "\n".join(texts)}
+
+
+class SelectivePDDecodeServer(PDDecodeServer):
+    """Ray's ``PDDecodeServer`` that keeps short prompts on its own engine."""
+
+    def _min_prompt_tokens(self) -> int:
+        return int(self._llm_config.experimental_configs.get(SELECTIVE_THRESHOLD_KEY, 0))
+
+    async def _tokenizer(self) -> Any:
+        cached = getattr(self, "_selective_tokenizer", None)
+        if cached is not None:
+            return cached
+        # vLLM's AsyncLLM: get_tokenizer() is a coroutine in 0.26 and a plain method in 0.32.
+        client = self.engine._engine_client
+        tokenizer = client.get_tokenizer()
+        if inspect.isawaitable(tokenizer):
+            tokenizer = await tokenizer
+        self._selective_tokenizer = tokenizer
+        return tokenizer
+
+    async def _prefill_here(self, request: Any) -> bool:
+        threshold = self._min_prompt_tokens()
+        if threshold <= 0:
+            return False
+        count = prompt_token_count(await self._tokenizer(), request)
+        return count is not None and count < threshold
+
+    async def chat(self, request, raw_request_info=None):
+        if await self._prefill_here(request):
+            return await LLMServer.chat(self, request, raw_request_info)
+        return await super().chat(request, raw_request_info)
+
+    async def completions(self, request, raw_request_info=None):
+        if await self._prefill_here(request):
+            return await LLMServer.completions(self, request, raw_request_info)
+        return await super().completions(request, raw_request_info)
+
+
+@contextlib.contextmanager
+def _decode_class(cls: type) -> Iterator[None]:
+    if getattr(pd_builder, DECODE_CLASS_NAME, None) is not PDDecodeServer:
+        raise RuntimeError(
+            f"Ray's P/D builder no longer names its decode class {DECODE_CLASS_NAME}; "
+            "serving.pd_min_prompt_tokens cannot be applied to this Ray version (set it to 0)"
+        )
+    setattr(pd_builder, DECODE_CLASS_NAME, cls)
+    try:
+        yield
+    finally:
+        setattr(pd_builder, DECODE_CLASS_NAME, PDDecodeServer)
+
+
+def build_selective_pd_app(pd_serving_args: dict[str, Any]):
+    """``build_pd_openai_app(pd_serving_args)`` with :class:`SelectivePDDecodeServer` for decode."""
+    decode_config = pd_serving_args["decode_config"]
+    engine_kwargs = decode_config.get("engine_kwargs", {}) if isinstance(decode_config, dict) else {}
+    if engine_kwargs.get("data_parallel_size", 1) > 1:
+        raise ValueError(
+            "serving.pd_min_prompt_tokens applies to decode without data parallelism; "
+            "set it to 0 or remove decode.engine_kwargs.data_parallel_size"
+        )
+    with _decode_class(SelectivePDDecodeServer):
+        return pd_builder.build_pd_openai_app(pd_serving_args)

@@ -1,0 +1,144 @@
+"""Selective disaggregation (serve_app/selective.py) against Ray Serve LLM's own P/D builder and the
+tiny model's real tokenizer; tests/local/test_local_disaggregated.py shows it on the live server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from serve_app.spec import SELECTIVE_THRESHOLD_KEY, ServingSpec
+from tests.serve_app.test_app import cluster_spec, graph
+
+ray = pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
+pytestmark = pytest.mark.serving
+
+DECODE = "Decode:qwen2_5-7b-instruct"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from local.tiny_model import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-tokenizer")
+    build_tokenizer(folder, 2048)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def decode_deployment(spec: ServingSpec):
+    from serve_app.app import build_app
+
+    return graph(build_app(spec.model_dump(mode="json")))[DECODE]
+
+
+def test_off_keeps_rays_own_pd_graph(local_ray):
+    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+
+    decode = decode_deployment(cluster_spec(pd_min_prompt_tokens=0))
+    assert decode.func_or_class is PDDecodeServer
+    assert SELECTIVE_THRESHOLD_KEY not in decode.init_kwargs["llm_config"].experimental_configs
+
+
+def test_on_decode_is_the_selective_server_with_its_threshold_and_ray_is_left_as_it_was(local_ray):
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
+    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+
+    from serve_app.selective import SelectivePDDecodeServer
+
+    spec = cluster_spec(pd_min_prompt_tokens=512)
+    deployments = graph(__import__("serve_app.app", fromlist=["build_app"]).build_app(spec.model_dump(mode="json")))
+    decode = deployments[DECODE]
+    assert decode.func_or_class is SelectivePDDecodeServer
+    assert issubclass(SelectivePDDecodeServer, PDDecodeServer)
+    assert decode.init_kwargs["llm_config"].experimental_configs[SELECTIVE_THRESHOLD_KEY] == 512
+    # Decode still calls the same prefill deployment, and the ingress is Ray's.
+    assert set(deployments) == {"OpenAiIngress", DECODE, "Prefill:qwen2_5-7b-instruct"}
+    assert pd_builder.PDDecodeServer is PDDecodeServer
+
+
+def test_colocated_ignores_the_threshold(local_ray):
+    from serve_app.app import build_app
+
+    spec = cluster_spec(mode="colocated", pd_min_prompt_tokens=512)
+    assert not spec.selective
+    assert set(graph(build_app(spec.model_dump(mode="json")))) == {"OpenAiIngress", "LLMServer:qwen2_5-7b-instruct"}
+
+
+def test_a_ray_that_renamed_the_decode_class_is_refused_by_name(local_ray, monkeypatch):
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
+
+    from serve_app.selective import build_selective_pd_app
+
+    monkeypatch.delattr(pd_builder, "PDDecodeServer")
+    with pytest.raises(RuntimeError, match="no longer names its decode class PDDecodeServer.*set it to 0"):
+        build_selective_pd_app(cluster_spec(pd_min_prompt_tokens=512).builder_args()[1])
+
+
+def test_data_parallel_decode_is_refused(local_ray):
+    from serve_app.selective import build_selective_pd_app
+
+    args = cluster_spec(pd_min_prompt_tokens=512).builder_args()[1]
+    args["decode_config"]["engine_kwargs"]["data_parallel_size"] = 2
+    with pytest.raises(ValueError, match="pd_min_prompt_tokens applies to decode without data parallelism"):
+        build_selective_pd_app(args)
+
+
+def test_a_threshold_at_the_context_length_is_refused():
+    with pytest.raises(ValueError, match=r"pd_min_prompt_tokens \(8192\) is not below max_model_len \(8192\)"):
+        cluster_spec(pd_min_prompt_tokens=8192)
+
+
+# The count the decision is made on ---------------------------------------------------------------
+
+
+class Completion:
+    def __init__(self, prompt):
+        self.prompt = prompt
+
+
+class Chat:
+    def __init__(self, messages):
+        self.messages = messages
+
+
+def test_a_completion_prompt_counts_its_tokens(tiny_tokenizer):
+    from serve_app.selective import prompt_token_count
+
+    # The tiny tokenizer is byte-level with no merges: one token per ASCII character.
+    assert prompt_token_count(tiny_tokenizer, Completion("x" * 37)) == 37
+    assert prompt_token_count(tiny_tokenizer, Completion([5, 6, 7])) == 3
+
+
+def test_a_chat_counts_the_rendered_template(tiny_tokenizer):
+    from local.tiny_model import CHAT_TEMPLATE
+    from serve_app.selective import prompt_token_count
+
+    assert "{{ bos_token }}" in CHAT_TEMPLATE
+    rendered = "<|user|>\nhello\n<|assistant|>\n"
+    # <s> (one special token), then one token per byte of the rendered turn.
+    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": "hello"}])) == 1 + len(rendered)
+
+
+def test_text_parts_count_as_the_text_they_join_to(tiny_tokenizer):
+    from serve_app.selective import prompt_token_count
+
+    parts = [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]
+    joined = "<|user|>\nhel\nlo\n<|assistant|>\n"
+    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": parts}])) == 1 + len(joined)
+
+
+def test_what_cannot_be_counted_takes_the_pd_path(tiny_tokenizer):
+    from serve_app.selective import prompt_token_count
+
+    assert prompt_token_count(tiny_tokenizer, Completion(["a", "b"])) is None
+    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": [{"type": "image_url"}]}])) is None
