@@ -40,6 +40,9 @@ URL ?=
 PD_URL ?=
 COLOCATED_URL ?=
 LOCAL ?=
+# make plan: bench results to calibrate the advisor with, and more flags for python -m cli.plan.
+CALIBRATION ?=
+PLAN_ARGS ?=
 WORKLOAD ?= chat
 MODEL ?= tiny-llama
 TOKENIZER ?= $(abspath .local/tiny-llama)
@@ -58,7 +61,8 @@ help:
 	@echo "make preview [ENV=…|CONFIG=…] [TEMPLATE=file]  what the next deploy would do, in serving terms"
 	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1]   preview, then cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
-	@echo "make plan    [ENV=…|CONFIG=…]                 memory fit, KV transfer cost, price"
+	@echo "make plan    [ENV=…|CONFIG=…] [CALIBRATION=…] [PLAN_ARGS=…]  memory fit, KV transfer cost, price,"
+	@echo "                                              colocated vs P/D for a workload (PLAN_ARGS='--prompt-tokens 4096 --concurrency 8 --json')"
 	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1] [API_KEY=…]   serve_app on this CPU at http://127.0.0.1:8000/v1"
 	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
@@ -122,7 +126,7 @@ destroy: $(VENV)/.runtime node_modules/.installed
 	$(CDK) destroy $(CDK_FLAGS) --output $(OUTDIR) --force
 
 plan: $(VENV)/.runtime
-	$(PY) -m cli.plan $(CONFIG)
+	$(PY) -m cli.plan $(CONFIG) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(PLAN_ARGS)
 
 # The one quality gate, run the same way here and in CI.
 check: $(VENV)/.dev

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -20,7 +21,7 @@ from config.loader import ConfigError, config_path_for, describe_validation_erro
 from config.schema import DeployFacts
 from kuberay import MIRRORED_VERSION, KubeRayRejection
 from planner import PlanningError
-from planner.from_config import plan_config
+from planner.from_config import advisor_warning, plan_config
 from stacks.pd_serving_stack import PdServingStack
 
 # Resource types whose Tags cannot change without replacing the resource (CloudFormation's resource
@@ -42,6 +43,9 @@ def checked_plan(config, config_path: str):
         raise ConfigError(config_path, [str(exc)]) from None
     if report.errors:
         raise ConfigError(config_path, report.errors)
+    warning = advisor_warning(config, report)
+    if warning:
+        report = replace(report, warnings=[*report.warnings, warning])
     return report
 
 

@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench.calibration import write_calibration
 from bench.run import (
     LATENCY_METRICS,
     PERCENTILES,
@@ -31,6 +32,8 @@ from bench.run import (
     write_report,
 )
 from cli.args import ArgumentParser
+
+LOCAL_SPEC = Path(__file__).resolve().parent.parent / "config" / "local.yaml"
 
 
 def ratio(a: float, b: float) -> str:
@@ -93,14 +96,14 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
         server.stop()
 
 
-def ttft_sections(pd, colocated) -> str:
+def ttft_sections(pd, colocated, pd_min_prompt_tokens: int = 0) -> str:
     """TTFT per size and mode, P/D minus colocated, and where P/D's first token goes (local only)."""
     from bench.ttft import ttft_table, where_it_goes, where_table
 
     (pd_results, pd_where), (co_results, co_where) = pd, colocated
     out = (
         "\n## Time to first token (unique prompts, one at a time)\n\n"
-        + ttft_table({"disaggregated": pd_results, "colocated": co_results})
+        + ttft_table({"disaggregated": pd_results, "colocated": co_results}, pd_min_prompt_tokens)
         + "\n"
     )
     if pd_where:
@@ -122,9 +125,14 @@ def compare(
     colocated_url: str | None = None,
     local: bool = False,
     spec: Path | None = None,
+    pd_min_prompt_tokens: int = 0,
 ) -> str:
     workload = workload_named(workload_name)
     common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
+    if local:
+        from serve_app.spec import load_spec
+
+        pd_min_prompt_tokens = load_spec(str(spec or LOCAL_SPEC)).pd_min_prompt_tokens
     if local:
         pd_rows, pd_ttft = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
         colocated_rows, co_ttft = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
@@ -134,13 +142,21 @@ def compare(
         colocated_rows = run_workload(url=colocated_url, label="colocated", **common)
         co_ttft = probe_ttft(colocated_url, model, tokenizer)
     ratios = ratio_table(pd_rows, colocated_rows)
-    ttft = ttft_sections(pd_ttft, co_ttft)
+    ttft = ttft_sections(pd_ttft, co_ttft, pd_min_prompt_tokens)
     plot(pd_rows + colocated_rows, out_dir / f"{workload.name}-compare.png", f"{workload.name}: P/D vs colocated")
     write_report(
         pd_rows + colocated_rows,
         out_dir,
         workload,
         extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n{ttft}",
+    )
+    write_calibration(
+        out_dir,
+        model=model,
+        workload=workload,
+        rows=pd_rows + colocated_rows,
+        ttft={"disaggregated": pd_ttft[0], "colocated": co_ttft[0]},
+        pd_min_prompt_tokens=pd_min_prompt_tokens,
     )
     return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
@@ -160,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at both URLs (default: tiny-llama)")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
+    parser.add_argument(
+        "--pd-min-prompt-tokens",
+        type=int,
+        default=0,
+        help="serving.pd_min_prompt_tokens of the P/D deployment, to label which prompt sizes it prefilled "
+        "on decode (the local servers': read from their spec)",
+    )
     parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     if not args.local and not (args.pd_url and args.colocated_url):
@@ -175,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             colocated_url=args.colocated_url,
             local=args.local,
             spec=Path(args.spec) if args.spec else None,
+            pd_min_prompt_tokens=args.pd_min_prompt_tokens,
         )
     )
     print(f"results in {out_dir}")

@@ -257,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at the URL")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
-    parser.add_argument("--label", default="endpoint", help="name of this endpoint in the results (default: endpoint)")
+    parser.add_argument(
+        "--label",
+        default="endpoint",
+        help="name of this endpoint in the results, e.g. disaggregated or colocated, which is how "
+        "calibration.json names its mode (default: endpoint)",
+    )
     parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     workload = workload_named(args.workload)
@@ -267,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     plot(rows, out_dir / f"{workload.name}.png", f"{workload.name} at {args.url}")
     report = write_report(rows, out_dir, workload)
+    from bench.calibration import write_calibration
+
+    write_calibration(out_dir, model=args.model, workload=workload, rows=rows)
     print(report.read_text())
     print(f"results in {out_dir}")
     return 0 if all(r.failed == 0 for r in rows) else 1

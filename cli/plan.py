@@ -1,28 +1,120 @@
-"""`make plan`: `python -m cli.plan CONFIG` prints the deployment plan of an environment."""
+"""`make plan`: `python -m cli.plan CONFIG` prints the deployment plan of an environment and the
+advisor's comparison of colocated and P/D serving for one workload.
+
+    python -m cli.plan config/dev.yaml [--prompt-tokens 4096 --output-tokens 256 --concurrency 8 | --rate 2]
+                                       [--ttft-slo-ms 3000 --itl-slo-ms 100] [--calibration BENCH.json] [--json]
+
+The workload defaults to the config's planner section (typical_prompt_tokens, typical_output_tokens,
+typical_concurrency, ttft_slo_ms, itl_slo_ms). ``--calibration`` takes the figures `make bench`
+wrote (bench/calibration.json in its results folder) and fits the model's efficiencies and fixed
+costs to them first (planner/calibration.py).
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 
 from cli.args import ArgumentParser
 from config.loader import ConfigError, load_config
 from planner import PlanningError, render_text
-from planner.from_config import plan_config
+from planner.advisor import advise, with_calibration
+from planner.advisor_report import render_advice
+from planner.from_config import advisor_inputs, plan_config
+from planner.simulate import Slo, Workload
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not above 0")
+    return number
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m cli.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
+    p.add_argument(
+        "--prompt-tokens", type=positive_int, help="mean prompt length (default: planner.typical_prompt_tokens)"
+    )
+    p.add_argument(
+        "--output-tokens", type=positive_int, help="mean output length (default: planner.typical_output_tokens)"
+    )
+    p.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.25,
+        help="lengths spread uniformly over ±ratio around the means, as bench/workloads.yaml's (default 0.25)",
+    )
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency", type=positive_int, help="requests in flight (default: planner.typical_concurrency)"
+    )
+    load.add_argument("--rate", type=positive_float, help="Poisson arrivals per second, instead of a concurrency")
+    p.add_argument("--ttft-slo-ms", type=positive_float, help="TTFT target (default: planner.ttft_slo_ms)")
+    p.add_argument("--itl-slo-ms", type=positive_float, help="inter-token latency target (default: planner.itl_slo_ms)")
+    p.add_argument("--slo-percentile", type=positive_int, help="percentile that must meet the targets (default 90)")
+    p.add_argument("--requests", type=positive_int, default=None, help="simulated requests (default: by the load)")
+    p.add_argument("--calibration", default=None, help="bench results to calibrate the model with (calibration.json)")
+    p.add_argument("--json", action="store_true", help="print the advisor's comparison as JSON, nothing else")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m cli.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
-    path = parser.parse_args(argv).config
+    args = parser().parse_args(argv)
     try:
-        report = plan_config(load_config(path))
+        config = load_config(args.config)
+        report = plan_config(config)
+        settings = config.planner
+        concurrency = None if args.rate else (args.concurrency or settings.typical_concurrency)
+        requests = args.requests or (max(100, 10 * concurrency) if concurrency else 300)
+        workload = Workload(
+            prompt_tokens=args.prompt_tokens or settings.typical_prompt_tokens,
+            output_tokens=args.output_tokens or settings.typical_output_tokens,
+            range_ratio=args.range_ratio,
+            concurrency=concurrency,
+            rate=args.rate,
+            requests=requests,
+        )
+        slo = Slo(
+            ttft_ms=args.ttft_slo_ms or settings.ttft_slo_ms,
+            itl_ms=args.itl_slo_ms or settings.itl_slo_ms,
+            percentile=args.slo_percentile or settings.slo_percentile,
+        )
+        inputs = advisor_inputs(config, report)
+        fit = None
+        if args.calibration:
+            from planner.calibration import calibrate_file
+
+            fit = calibrate_file(args.calibration, inputs)
+            inputs = with_calibration(inputs, fit.efficiency, fit.link)
+        advice = advise(inputs, workload, slo)
     except ConfigError as exc:
         print(f"Config error:\n{exc}", file=sys.stderr)
         return 2
     except PlanningError as exc:
-        print(f"{path}: {exc}", file=sys.stderr)
+        print(f"{args.config}: {exc}", file=sys.stderr)
         return 2
+    if args.json:
+        data = advice.as_dict()
+        if fit is not None:
+            data["calibration"] = fit.as_dict()
+        print(json.dumps(data, indent=2))
+        return 0 if report.ok else 1
     print(render_text(report))
+    if fit is not None:
+        print(fit.render())
+    print(render_advice(advice))
     return 0 if report.ok else 1
 
 

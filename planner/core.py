@@ -16,6 +16,7 @@ from config.catalog import INSTANCES, InstanceFacts
 from config.schema import PlannerSettings
 from planner.errors import PlanningError, field_name
 from planner.models import ModelArchitecture, load_architecture
+from planner.performance import EFFICIENCY, family
 from serve_app.spec import PHASES
 
 GIB = 2**30
@@ -131,12 +132,23 @@ def instance_facts(instance_type: str, what: str) -> InstanceFacts:
 
 
 def prefill_flops(model: ModelArchitecture, tokens: int) -> float:
-    """2·params·tokens for the matmuls plus 2·layers·tokens²·(heads·head_dim) for causal attention.
+    """2 FLOPs per prompt token per weight the token multiplies (not the embedding, a lookup, nor the
+    LM head, which runs once, for the token the prefill samples), plus 2·layers·tokens²·(heads·head_dim)
+    for causal attention.
 
     QKᵀ and AV are each 2·T²·d FLOPs per layer; the causal mask halves their sum.
     """
     attention = 2 * model.num_layers * tokens**2 * model.num_attention_heads * model.head_dim
-    return 2 * model.num_parameters * tokens + attention
+    return 2 * model.matmul_parameters * tokens + attention + 2 * model.hidden_size * model.vocab_size
+
+
+def prefill_mfu(facts: InstanceFacts, settings: PlannerSettings) -> float:
+    """The configured MFU, else the GPU family's (planner/performance.py EFFICIENCY)."""
+    if settings.prefill_mfu is not None:
+        return settings.prefill_mfu
+    if facts.gpu_facts is None:
+        raise PlanningError(f"{facts.instance_type} has no GPU to prefill on")
+    return EFFICIENCY[family(facts.gpu_facts)].prefill_mfu
 
 
 def prefill_seconds(model: ModelArchitecture, tokens: int, facts: InstanceFacts, tp: int, mfu: float) -> float:
@@ -310,7 +322,7 @@ def plan(inputs: PlanInputs) -> PlanReport:
     kv_token = model.kv_bytes_per_token(inputs.dtype_bytes)
 
     def row(tokens: int) -> TransferRow:
-        seconds = prefill_seconds(model, tokens, pre, inputs.prefill.tensor_parallel_size, settings.prefill_mfu)
+        seconds = prefill_seconds(model, tokens, pre, inputs.prefill.tensor_parallel_size, prefill_mfu(pre, settings))
         transfer = tokens * kv_token / bandwidth
         return TransferRow(tokens, seconds, tokens * kv_token, transfer, transfer / seconds)
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from config.catalog import INSTANCES
 from config.schema import AppConfig
+from planner.advisor import AdvisorInputs, colocated_serves_better, deployed_against_colocated
 from planner.core import PHASES, PhasePlanInputs, PlanInputs, PlanReport, plan
 from planner.errors import PlanningError
 from planner.models import dtype_bytes
+from planner.performance import EFFICIENCY, family
 from planner.scaling import scaling_plan
+from planner.simulate import Slo, Workload
 
 
 def plan_inputs(config: AppConfig) -> PlanInputs:
@@ -70,4 +74,76 @@ def plan_config(config: AppConfig) -> PlanReport:
         scaling=scaling,
         errors=[*report.errors, *scaling.errors],
         warnings=[*report.warnings, *scaling.warnings],
+    )
+
+
+# vLLM's defaults where a phase's engine_kwargs set none: its V1 engine gives an OpenAI server on a
+# GPU under 70 GiB a 2048-token step budget (8192 above), and 256 sequences.
+DEFAULT_TOKEN_BUDGET = {False: 2048, True: 8192}
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def advisor_inputs(config: AppConfig, report: PlanReport) -> AdvisorInputs:
+    """What the advisor simulates for an environment: its instances, parallelism, node groups' max
+    sizes and the KV cache the plan found room for."""
+    serving, groups = config.serving, config.cluster.gpu_node_groups
+    decode_spec = serving.decode if serving.mode == "disaggregated" else serving.colocated
+    kwargs = decode_spec.engine_kwargs
+    gpu = INSTANCES[groups.decode.instance_type].gpu_facts
+    large = gpu is not None and gpu.memory_gib >= 70
+    efficiency = None
+    if config.planner.prefill_mfu is not None and gpu is not None:
+        efficiency = replace(EFFICIENCY[family(gpu)], prefill_mfu=config.planner.prefill_mfu)
+    return AdvisorInputs(
+        model=report.model,
+        prefill_instance=groups.prefill.instance_type,
+        decode_instance=groups.decode.instance_type,
+        prefill_tp=report.prefill.tensor_parallel_size,
+        decode_tp=report.decode.tensor_parallel_size,
+        prefill_max_nodes=groups.prefill.max_size,
+        decode_max_nodes=groups.decode.max_size,
+        prefill_kv_tokens=max(report.prefill.max_cached_tokens, 1),
+        decode_kv_tokens=max(report.decode.max_cached_tokens, 1),
+        max_model_len=serving.max_model_len,
+        dtype_bytes=report.inputs.dtype_bytes,
+        network_efficiency=config.planner.network_efficiency,
+        max_num_seqs=int(kwargs.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
+        token_budget=int(kwargs.get("max_num_batched_tokens", DEFAULT_TOKEN_BUDGET[large])),
+        efficiency=efficiency,
+    )
+
+
+def advisor_warning(config: AppConfig, report: PlanReport) -> str | None:
+    """A line for synth when the config deploys P/D for its planner section's workload (typical_* and
+    the SLOs) and the advisor predicts that colocated replicas on as many GPUs serve it better."""
+    serving, settings = config.serving, config.planner
+    if serving.mode != "disaggregated":
+        return None
+    workload = Workload(
+        settings.typical_prompt_tokens,
+        settings.typical_output_tokens,
+        0.25,
+        concurrency=settings.typical_concurrency,
+        requests=max(100, 10 * settings.typical_concurrency),
+    )
+    slo = Slo(settings.ttft_slo_ms, settings.itl_slo_ms, settings.slo_percentile)
+    pd, colocated = deployed_against_colocated(
+        advisor_inputs(config, report),
+        workload,
+        slo,
+        serving.prefill.max_replicas,
+        serving.decode.max_replicas,
+        serving.pd_min_prompt_tokens,
+    )
+    if not colocated_serves_better(pd, colocated, slo.percentile):
+        return None
+    p, c, q = pd.outcome, colocated.outcome, slo.percentile
+    return (
+        f"the advisor predicts that {colocated.split} replicas serve the planner section's workload "
+        f"({workload.prompt_tokens} prompt / {workload.output_tokens} output tokens at concurrency "
+        f"{workload.concurrency}) at least as well as the deployed {pd.split} on as many GPUs: "
+        f"{c.goodput_rps:.3f} against {p.goodput_rps:.3f} good requests/s, TTFT p{q} {c.ttft_ms[q]:.0f} against "
+        f"{p.ttft_ms[q]:.0f} ms, ITL p{q} {c.itl_ms[q]:.1f} against {p.itl_ms[q]:.1f} ms (targets {slo.ttft_ms:g} "
+        f"and {slo.itl_ms:g} ms); P/D pays where prompts are long and the ITL target tight (`make plan` compares "
+        "every split), else set serving.mode: colocated"
     )

@@ -34,6 +34,13 @@ class ModelArchitecture:
     vocab_size: int
     default_dtype: str = "bfloat16"
     max_position_embeddings: int | None = None
+    tie_word_embeddings: bool = False
+
+    @property
+    def matmul_parameters(self) -> int:
+        """The weights a prompt token multiplies: all but the embedding (a lookup) and the LM head
+        (run once per sampled token, not per prompt token)."""
+        return self.num_parameters - self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V for every layer; GQA models store only their KV heads, not all attention heads."""
@@ -47,8 +54,8 @@ def dtype_bytes(dtype: str) -> int:
         raise PlanningError(f"{field_name('dtype')}={dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}") from None
 
 
-def _m(name, layers, hidden, heads, kv, head_dim, params, vocab, max_pos):
-    return ModelArchitecture(name, layers, hidden, heads, kv, head_dim, params, vocab, "bfloat16", max_pos)
+def _m(name, layers, hidden, heads, kv, head_dim, params, vocab, max_pos, tied=False):
+    return ModelArchitecture(name, layers, hidden, heads, kv, head_dim, params, vocab, "bfloat16", max_pos, tied)
 
 
 # From each model's config.json; parameter counts are the exact safetensors totals on the model card.
@@ -56,7 +63,7 @@ KNOWN_MODELS: dict[str, ModelArchitecture] = {
     m.name.lower(): m
     for m in (
         _m("Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 7_615_616_512, 152_064, 32_768),
-        _m("Qwen/Qwen2.5-1.5B-Instruct", 28, 1536, 12, 2, 128, 1_543_714_304, 151_936, 32_768),
+        _m("Qwen/Qwen2.5-1.5B-Instruct", 28, 1536, 12, 2, 128, 1_543_714_304, 151_936, 32_768, tied=True),
         _m("Qwen/Qwen3-8B", 36, 4096, 32, 8, 128, 8_190_735_360, 151_936, 40_960),
         _m("meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 8_030_261_248, 128_256, 131_072),
         _m("mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 7_248_023_552, 32_768, 32_768),
@@ -108,6 +115,7 @@ def architecture_from_config(name: str, config: dict) -> ModelArchitecture:
             vocab_size=config["vocab_size"],
             default_dtype=config.get("torch_dtype") or config.get("dtype") or "bfloat16",
             max_position_embeddings=config.get("max_position_embeddings"),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
     except KeyError as missing:
         raise PlanningError(f"config.json for {name} lacks {missing}") from None

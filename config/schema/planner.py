@@ -19,11 +19,26 @@ class PlannerSettings(StrictModel):
     )
     typical_prompt_tokens: int = Field(default=4096, ge=1, description="Prompt length the verdict is judged at.")
     typical_output_tokens: int = Field(default=256, ge=1, description="Output length the verdict is judged at.")
-    prefill_mfu: float = Field(
-        default=0.35,
+    typical_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="Requests in flight at once that the advisor simulates by default (`make plan` takes others).",
+    )
+    ttft_slo_ms: float = Field(default=3000, gt=0, description="Time-to-first-token target the advisor judges by.")
+    itl_slo_ms: float = Field(default=100, gt=0, description="Inter-token latency target the advisor judges by.")
+    slo_percentile: int = Field(
+        default=90, ge=50, le=99, description="Percentile of TTFT and ITL that must meet their targets."
+    )
+    prefill_mfu: float | None = Field(
+        default=None,
         gt=0,
         le=1,
-        description="Share of the GPU's peak BF16 FLOPS a prefill reaches; calibrate from a GPU run.",
+        description=(
+            "Share of the GPU's peak BF16 FLOPS a prefill reaches. Empty: the GPU family's figure in "
+            "planner/performance.py (Ada 0.6, Ampere 0.55, Hopper 0.45, with their sources); `make plan "
+            "CALIBRATION=…` fits it to a benchmark."
+        ),
     )
     network_efficiency: float = Field(
         default=0.7,

@@ -93,6 +93,50 @@ def test_the_configs_planner_section_is_the_planners_settings():
     data["planner"] = {"prefill_mfu": 0.7, "typical_prompt_tokens": 2048, "runtime_overhead_gib": 2.5}
     calibrated, base = plan_config(parse_config(data)), plan_config(config)
     assert calibrated.inputs.settings.prefill_mfu == 0.7
-    assert calibrated.transfer_rows[0].prefill_seconds == pytest.approx(base.transfer_rows[0].prefill_seconds / 2)
+    assert calibrated.transfer_rows[0].prefill_seconds == pytest.approx(
+        base.transfer_rows[0].prefill_seconds * 0.6 / 0.7
+    )
     assert calibrated.decode.kv_cache_bytes_per_gpu == base.decode.kv_cache_bytes_per_gpu - 2**30
     assert "typical request 2048 prompt / 256 output tokens" in render_text(calibrated)
+
+
+def test_make_plan_json_compares_the_modes_for_the_workload_given(capsys):
+    import json
+
+    from cli.plan import main
+    from tests.conftest import CONFIG_DIR
+
+    flags = ["--prompt-tokens", "4096", "--output-tokens", "256", "--concurrency", "8", "--json"]
+    assert main([str(CONFIG_DIR / "dev.yaml"), *flags]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"] == {"prompt_tokens": 4096, "output_tokens": 256, "range_ratio": 0.25, "concurrency": 8}
+    for mode in ("colocated", "disaggregated"):
+        for key in ("ttft_ms_p50", "itl_ms_p50", "output_tokens_per_s", "goodput_rps"):
+            assert data["modes"][mode][key] > 0
+    # dev's groups allow 2 nodes each: 1P1D to 2P2D, and 1 to 4 colocated replicas.
+    assert len(data["candidates"]) >= 4 + 4
+
+
+def test_make_plan_takes_a_rate_instead_of_a_concurrency(capsys):
+    from cli.plan import main
+    from tests.conftest import CONFIG_DIR
+
+    assert main([str(CONFIG_DIR / "dev.yaml"), "--prompt-tokens", "512", "--output-tokens", "64", "--rate", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "at 2 requests/s (Poisson)" in out and "Recommendation: serving.mode:" in out
+
+
+def test_synth_warns_when_colocated_serves_the_workload_at_least_as_well():
+    from config.loader import parse_config
+    from planner.from_config import advisor_warning, plan_config
+
+    data, config = _config_with()
+    warning = advisor_warning(config, plan_config(config))
+    assert warning is not None and "at least as well as the deployed 1P1D on as many GPUs" in warning
+    # Judged at p99, colocated streams wait behind their neighbours' 2k-token prompt chunks: P/D pays.
+    data["planner"] = {"slo_percentile": 99, "itl_slo_ms": 100}
+    tight = parse_config(data)
+    assert advisor_warning(tight, plan_config(tight)) is None
+    data["serving"]["mode"] = "colocated"
+    colocated = parse_config(data)
+    assert advisor_warning(colocated, plan_config(colocated)) is None

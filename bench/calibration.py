@@ -1,0 +1,47 @@
+"""The figures a benchmark measured, in the shape `make plan CALIBRATION=…` fits the model to
+(planner/calibration.py): ``calibration.json`` beside the run's report.
+
+- ``ttft_probe``: per mode, each probe size's median TTFT (ms) of sequential, unique prompts,
+  which is prefill and the fixed costs around it, with no queue;
+- ``rows``: per mode and concurrency, the workload's median TTFT, ITL and output tokens/s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+FILE_NAME = "calibration.json"
+
+
+def write_calibration(
+    out_dir: Path, *, model: str, workload, rows, ttft: dict | None = None, pd_min_prompt_tokens: int = 0
+) -> Path:
+    """``rows``: bench.run's Rows, whose labels are the modes; ``ttft``: {mode: [SizeResult]};
+    ``pd_min_prompt_tokens``: the P/D deployment's selective threshold (its shorter prompts never
+    crossed the KV link)."""
+    data = {
+        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "model": model,
+        "pd_min_prompt_tokens": pd_min_prompt_tokens,
+        "workload": {"input_len": workload.input_len, "output_len": workload.output_len},
+        "ttft_probe": {
+            mode: {str(r.tokens): round(r.percentile(50) * 1e3, 2) for r in results}
+            for mode, results in (ttft or {}).items()
+        },
+        "rows": [
+            {
+                "mode": r.label,
+                "concurrency": r.concurrency,
+                "ttft_ms_p50": r.latency_ms["p50_ttft"],
+                "itl_ms_p50": r.latency_ms["p50_itl"],
+                "tpot_ms_p50": r.latency_ms["p50_tpot"],
+                "output_tokens_per_s": r.output_throughput,
+            }
+            for r in rows
+        ],
+    }
+    path = out_dir / FILE_NAME
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path

@@ -1,0 +1,306 @@
+"""Fit the advisor's efficiencies and fixed costs to what a benchmark measured.
+
+    python -m planner.calibration RESULTS [--fit-on 20,500] [--local] [--json]
+    make plan CALIBRATION=RESULTS        # the same fit, then the advisor with it
+
+``RESULTS`` is a ``calibration.json`` that `make bench-compare` (and `make bench`) write, or the
+results folder holding it. The fit uses the TTFT probe (sequential requests at three prompt sizes,
+no queue, so each is one prefill and the fixed costs around it) of both modes, and the workload's
+ITL at concurrency 1 where there is one:
+
+1. the per-step cost from the ITL (one decode step of one sequence, minus what it reads and computes);
+2. prefill MFU from how colocated TTFT grows between the two fitted prompt sizes;
+3. the per-request cost from what colocated TTFT has beyond that prefill;
+4. the KV link from how the P/D-minus-colocated gap grows between the sizes (its bandwidth) and what
+   is left at the smaller one (its fixed cost).
+
+Every other size is held out: its predicted TTFT and gap are compared with what was measured, before
+and after the fit. ``--local`` fits the tiny model of `make local` on this CPU (nominal peak and
+bandwidth: only the fitted numbers mean anything there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from cli.args import ArgumentParser
+from planner.errors import PlanningError
+from planner.performance import EFFICIENCY, Device, Efficiency, Link, StepCost
+
+FILE_NAME = "calibration.json"
+# Where a fitted bandwidth comes out at or below zero (a gap that does not grow), the wire is free.
+UNLIMITED_BYTES_PER_S = 1e15
+# A nominal CPU for --local: the fit scales it, so only the product with the fitted shares matters.
+LOCAL_CPU = dict(peak_flops=100e9, memory_bytes_per_s=10e9)
+
+
+def single_request_ttft(
+    cost: StepCost, tokens: int, budget: int, mode: str, link: Link | None, min_prompt_tokens: int = 0
+) -> float:
+    """Seconds from arrival to first token of one request on idle engines (P/D below
+    ``min_prompt_tokens``: decode prefills it, as colocated does)."""
+    seconds, offset = cost.device.efficiency.request_overhead_s, 0
+    while offset < tokens:
+        take = min(budget, tokens - offset)
+        seconds += cost.step_seconds(0, 0, take, take * (offset + take / 2), offset, 1)
+        offset += take
+    if mode == "disaggregated" and tokens >= min_prompt_tokens:
+        assert link is not None
+        seconds += link.seconds(tokens * cost.kv_bytes_per_token) + cost.step_seconds(1, tokens, 0, 0.0, 0, 0)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Fit:
+    efficiency: Efficiency
+    link: Link
+    fitted_on: tuple[int, int]
+    measured_ms: dict[str, dict[int, float]]  # mode -> size -> ms
+    before_ms: dict[str, dict[int, float]]
+    after_ms: dict[str, dict[int, float]]
+
+    def _gaps(self, table: dict[str, dict[int, float]]) -> dict[int, float]:
+        return {t: table["disaggregated"][t] - table["colocated"][t] for t in table["colocated"]}
+
+    def errors(self) -> dict[str, dict[int, dict[str, float]]]:
+        """For each size: the relative error of each mode's TTFT and the absolute error of the gap (ms),
+        before and after the fit."""
+        out: dict[str, dict[int, dict[str, float]]] = {}
+        measured_gap = self._gaps(self.measured_ms)
+        for label, table in (("before", self.before_ms), ("after", self.after_ms)):
+            gaps = self._gaps(table)
+            out[label] = {
+                t: {
+                    **{
+                        f"{mode}_ttft_error": table[mode][t] / self.measured_ms[mode][t] - 1
+                        for mode in ("colocated", "disaggregated")
+                    },
+                    "gap_error_ms": gaps[t] - measured_gap[t],
+                }
+                for t in self.measured_ms["colocated"]
+            }
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fitted_on": list(self.fitted_on),
+            "efficiency": self.efficiency.__dict__,
+            "link": {
+                "bytes_per_s": self.link.network_bytes_per_s,
+                "fixed_ms": round(self.link.fixed_s * 1e3, 3),
+            },
+            "measured_ms": self.measured_ms,
+            "before_ms": self.before_ms,
+            "after_ms": self.after_ms,
+            "errors": self.errors(),
+        }
+
+    def render(self) -> str:
+        e, errors = self.efficiency, self.errors()
+        sizes = sorted(self.measured_ms["colocated"])
+        lines = [
+            f"Calibration (fitted on {self.fitted_on[0]}- and {self.fitted_on[1]}-token prompts): "
+            f"prefill MFU {e.prefill_mfu:.3g}, {e.step_overhead_s * 1e3:.2f} ms per step, "
+            f"{e.request_overhead_s * 1e3:.1f} ms per request, KV link "
+            + (
+                "unlimited"
+                if self.link.network_bytes_per_s >= UNLIMITED_BYTES_PER_S
+                else f"{self.link.network_bytes_per_s / 1e9:.3g} GB/s"
+            )
+            + f" + {self.link.fixed_s * 1e3:.1f} ms per transfer",
+            "",
+            "| prompt tokens | measured colocated / P/D / gap ms | uncalibrated | calibrated | held out |",
+            "|---|---|---|---|---|",
+        ]
+        for t in sizes:
+            row = []
+            for table in (self.measured_ms, self.before_ms, self.after_ms):
+                co, pd = table["colocated"][t], table["disaggregated"][t]
+                row.append(f"{co:.1f} / {pd:.1f} / {pd - co:+.1f}")
+            held = "yes" if t not in self.fitted_on else "no"
+            lines.append(f"| {t} | {' | '.join(row)} | {held} |")
+        for t in sizes:
+            if t in self.fitted_on:
+                continue
+            b, a = errors["before"][t], errors["after"][t]
+            lines.append(
+                f"held out {t} tokens: colocated TTFT {a['colocated_ttft_error']:+.0%} (uncalibrated "
+                f"{b['colocated_ttft_error']:+.0%}), P/D TTFT {a['disaggregated_ttft_error']:+.0%} "
+                f"({b['disaggregated_ttft_error']:+.0%}), gap {a['gap_error_ms']:+.1f} ms "
+                f"({b['gap_error_ms']:+.1f} ms)"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _bisect(function, target: float, low: float, high: float, steps: int = 60) -> float:
+    """The x in [low, high] (log scale) where the non-increasing ``function`` meets ``target``."""
+    import math
+
+    if function(low) <= target:
+        return low
+    if function(high) >= target:
+        return high
+    lo, hi = math.log(low), math.log(high)
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if function(math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: tuple[int, int] | None = None) -> Fit:
+    probe = data.get("ttft_probe") or {}
+    if not {"colocated", "disaggregated"} <= set(probe):
+        raise PlanningError(
+            "the calibration needs the TTFT probe of both modes: run `make bench-compare` (it writes calibration.json)"
+        )
+    measured = {mode: {int(t): float(ms) for t, ms in probe[mode].items()} for mode in ("colocated", "disaggregated")}
+    sizes = sorted(set(measured["colocated"]) & set(measured["disaggregated"]))
+    if len(sizes) < 2:
+        raise PlanningError("the calibration needs the TTFT probe at two prompt sizes at least")
+    t1, t2 = fit_on or (sizes[0], sizes[-1])
+    if t1 not in sizes or t2 not in sizes or t1 == t2:
+        raise PlanningError(f"--fit-on takes two of the measured sizes {', '.join(map(str, sizes))}")
+    threshold = int(data.get("pd_min_prompt_tokens", 0))
+    if min(t1, t2) < threshold:
+        raise PlanningError(
+            f"the P/D deployment prefilled prompts under {threshold} tokens on decode (serving.pd_min_prompt_tokens): "
+            "fit on two sizes at or above it, or measure with pd_min_prompt_tokens: 0"
+        )
+
+    def predict(c: StepCost, lk: Link) -> dict[str, dict[int, float]]:
+        return {
+            mode: {t: single_request_ttft(c, t, budget, mode, lk, threshold) * 1e3 for t in sizes}
+            for mode in ("colocated", "disaggregated")
+        }
+
+    before = predict(cost, link)
+    efficiency = cost.device.efficiency
+    single = [r for r in data.get("rows", []) if r.get("concurrency") == 1 and r.get("itl_ms_p50")]
+    if single:
+        row = min(single, key=lambda r: r["mode"] != "colocated")
+        context = data["workload"]["input_len"] + data["workload"]["output_len"] // 2
+        bare = replace(cost.device, efficiency=replace(efficiency, step_overhead_s=0.0))
+        moving = StepCost.of(cost.model, bare).step_seconds(1, context, 0, 0.0, 0, 0)
+        efficiency = replace(efficiency, step_overhead_s=max(row["itl_ms_p50"] / 1e3 - moving, 0.0))
+
+    def with_efficiency(e: Efficiency) -> StepCost:
+        return StepCost(cost.model, replace(cost.device, efficiency=e), cost.weight_bytes, cost.kv_bytes_per_token)
+
+    measured_growth = (measured["colocated"][t2] - measured["colocated"][t1]) / 1e3
+
+    def growth(mfu: float) -> float:
+        c = with_efficiency(replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0))
+        return single_request_ttft(c, t2, budget, "colocated", None) - single_request_ttft(
+            c, t1, budget, "colocated", None
+        )
+
+    mfu = _bisect(growth, measured_growth, 1e-6, 1.0)
+    efficiency = replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0)
+    bare_ttft = single_request_ttft(with_efficiency(efficiency), t1, budget, "colocated", None)
+    efficiency = replace(efficiency, request_overhead_s=max(measured["colocated"][t1] / 1e3 - bare_ttft, 0.0))
+    fitted = with_efficiency(efficiency)
+
+    def gap(t: int) -> float:
+        return (measured["disaggregated"][t] - measured["colocated"][t]) / 1e3
+
+    first_token = {t: fitted.step_seconds(1, t, 0, 0.0, 0, 0) for t in (t1, t2)}
+    kv = cost.kv_bytes_per_token
+    moving_s = (gap(t2) - first_token[t2]) - (gap(t1) - first_token[t1])
+    bandwidth = kv * (t2 - t1) / moving_s if moving_s > 0 else UNLIMITED_BYTES_PER_S
+    fixed = max(gap(t1) - first_token[t1] - kv * t1 / bandwidth, 0.0)
+    fitted_link = Link(bandwidth, None, fixed)
+    return Fit(efficiency, fitted_link, (t1, t2), measured, before, predict(fitted, fitted_link))
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    file = Path(path)
+    if file.is_dir():
+        file = file / FILE_NAME
+    if not file.is_file():
+        raise PlanningError(f"{path}: no {FILE_NAME} there (`make bench-compare` writes one in its results folder)")
+    return json.loads(file.read_text())
+
+
+def calibrate_file(path: str | Path, inputs) -> Fit:
+    """The fit of a results file for the advisor's inputs (planner/advisor.py AdvisorInputs): its decode
+    engine, on the configured instance, and the link between the groups."""
+    from config.catalog import INSTANCES
+
+    decode = INSTANCES[inputs.decode_instance]
+    prefill = INSTANCES[inputs.prefill_instance]
+    cost = StepCost.of(inputs.model, Device.of(decode, inputs.decode_tp, inputs.efficiency), inputs.dtype_bytes)
+    return fit(load(path), cost, inputs.token_budget, Link.between(prefill, decode, inputs.network_efficiency))
+
+
+def local_cost() -> tuple[StepCost, int]:
+    """The tiny model of `make local` on this CPU, and its step budget (vLLM's CPU default)."""
+    from planner.models import load_architecture
+    from serve_app.spec import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    spec = load_spec(str(root / "config" / "local.yaml"))
+    model_dir = root / spec.model.source
+    if not (model_dir / "config.json").is_file():
+        raise PlanningError(f"{model_dir} has no config.json: run `make local` once to generate the tiny model")
+    model = load_architecture(spec.model.model_id, model_dir)
+    device = Device("this CPU (nominal)", tp=1, efficiency=EFFICIENCY["CPU"], **LOCAL_CPU)
+    dtype_bytes = 4 if spec.dtype == "float32" else 2
+    budget = int(spec.decode.engine_kwargs.get("max_num_batched_tokens", 4096))
+    return StepCost.of(model, device, dtype_bytes), budget
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m planner.calibration", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("results", help="calibration.json, or the results folder that holds it")
+    parser.add_argument(
+        "--fit-on", default=None, help="the two prompt sizes to fit on, e.g. 20,500 (default: the ends)"
+    )
+    parser.add_argument("--local", action="store_true", help="fit the tiny model of `make local` on this CPU")
+    parser.add_argument("--config", default=None, help="an environment's config, to fit its decode instance")
+    parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+    args = parser.parse_args(argv)
+    if args.local == bool(args.config):
+        parser.error("give --local or --config CONFIG")
+    fit_on = None
+    if args.fit_on:
+        try:
+            first, second = (int(v) for v in args.fit_on.split(","))
+        except ValueError:
+            parser.error(f"--fit-on {args.fit_on!r}: two sizes, e.g. 20,500")
+        fit_on = (first, second)
+    try:
+        if args.local:
+            cost, budget = local_cost()
+            result = fit(load(args.results), cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on)
+        else:
+            from config.loader import load_config
+            from planner.from_config import advisor_inputs, plan_config
+
+            config = load_config(args.config)
+            inputs = advisor_inputs(config, plan_config(config))
+            from config.catalog import INSTANCES
+
+            cost = StepCost.of(
+                inputs.model, Device.of(INSTANCES[inputs.decode_instance], inputs.decode_tp), inputs.dtype_bytes
+            )
+            link = Link.between(INSTANCES[inputs.prefill_instance], INSTANCES[inputs.decode_instance], 0.7)
+            result = fit(load(args.results), cost, inputs.token_budget, link, fit_on)
+    except PlanningError as exc:
+        print(f"{args.results}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

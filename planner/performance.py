@@ -1,0 +1,165 @@
+"""What one engine step and one KV transfer cost on a GPU: a roofline per step, with efficiencies per
+GPU family that a measured run replaces (``make plan CALIBRATION=…``, planner/calibration.py).
+
+A step is what vLLM's scheduler runs at once: one token for each running sequence (decode) and up to
+the token budget of prompt chunks (prefill). It takes the longer of its compute (FLOPs over the
+GPUs' peak times the MFU reached) and its memory traffic (the weights once, plus every sequence's KV
+cache read by attention, over the bandwidth times the share reached), plus a fixed per-step cost
+(scheduling, sampling, launches). Per prompt token the matmuls cost 2 FLOPs per weight outside the
+embedding and the LM head: the embedding is a lookup, and the LM head runs once per sequence per
+step (the token it samples), not once per prompt token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from config.catalog import GpuFacts, InstanceFacts
+from planner.errors import PlanningError
+from planner.models import ModelArchitecture
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close a GPU family gets to its datasheet, and the fixed costs around it."""
+
+    prefill_mfu: float  # share of peak BF16 FLOPS a prefill-heavy step reaches
+    decode_bandwidth: float  # share of peak memory bandwidth a decode-heavy step reaches
+    step_overhead_s: float  # per engine step, whatever its size
+    request_overhead_s: float  # per request: HTTP, Serve's hops, tokenizing, detokenizing
+    source: str
+
+
+# Sources (docs/planner.md has the citations): decode bandwidth on L4 from a batch-1 measurement
+# of Qwen2.5-7B at 2k context, 81% of peak (arXiv 2605.30571); prefill MFU of Ada from L40S serving
+# data (0.55-0.65); Hopper's prefill from Dynamo's profile of Llama-3.1-8B on H200 (40k tokens/s
+# at 3k prompts, about 0.34 of FP8 peak, so higher at BF16's lower peak). The per-step and
+# per-request costs are vLLM's scheduler and Ray Serve's hops, a few milliseconds each: estimates,
+# which is what calibration is for.
+EFFICIENCY: dict[str, Efficiency] = {
+    "Ada": Efficiency(0.60, 0.80, 0.004, 0.008, "L40S serving data; arXiv 2605.30571 (L4 decode)"),
+    "Ampere": Efficiency(0.55, 0.75, 0.004, 0.008, "estimate between Ada and Hopper; calibrate"),
+    "Hopper": Efficiency(0.45, 0.60, 0.003, 0.008, "Dynamo's H200 prefill profile; arXiv 2605.30571"),
+    "CPU": Efficiency(0.05, 0.30, 0.010, 0.030, "nominal; a CPU run is only meaningful calibrated"),
+}
+GPU_FAMILY: dict[str, str] = {"L4": "Ada", "L40S": "Ada", "A10G": "Ampere", "A100-40GB": "Ampere", "H100": "Hopper"}
+
+# PCIe 4.0 x16 as a host copy reaches it (of 32 GB/s raw): where there is no GPUDirect RDMA, NIXL
+# stages KV through host memory, one copy on each side.
+HOST_STAGING_BYTES_PER_S = 20e9
+# A KV transfer's fixed cost: NIXL's notification round trip and Ray's second engine call.
+TRANSFER_FIXED_S = 0.004
+
+
+def family(gpu: GpuFacts) -> str:
+    try:
+        return GPU_FAMILY[gpu.model]
+    except KeyError:
+        raise PlanningError(
+            f"the advisor has no efficiencies for the {gpu.model} GPU; known: {', '.join(sorted(GPU_FAMILY))} "
+            "(add it to planner/performance.py GPU_FAMILY with a source)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Device:
+    """One engine replica's hardware: ``tp`` GPUs of one model and how well they are used."""
+
+    name: str
+    peak_flops: float  # per GPU
+    memory_bytes_per_s: float  # per GPU
+    tp: int
+    efficiency: Efficiency
+
+    @classmethod
+    def of(cls, facts: InstanceFacts, tp: int, efficiency: Efficiency | None = None) -> Device:
+        gpu = facts.gpu_facts
+        if gpu is None:
+            raise PlanningError(f"{facts.instance_type} has no GPU")
+        return cls(
+            name=f"{facts.instance_type} ({gpu.model} ×{tp})",
+            peak_flops=gpu.peak_bf16_tflops * 1e12,
+            memory_bytes_per_s=gpu.memory_bandwidth_gbps * 1e9,
+            tp=tp,
+            efficiency=efficiency or EFFICIENCY[family(gpu)],
+        )
+
+    def with_efficiency(self, efficiency: Efficiency) -> Device:
+        return replace(self, efficiency=efficiency)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Engine-step arithmetic for one model on one device."""
+
+    model: ModelArchitecture
+    device: Device
+    weight_bytes: float
+    kv_bytes_per_token: float
+
+    @classmethod
+    def of(cls, model: ModelArchitecture, device: Device, dtype_bytes: int = 2) -> StepCost:
+        return cls(model, device, model.num_parameters * dtype_bytes, model.kv_bytes_per_token(dtype_bytes))
+
+    def __post_init__(self) -> None:
+        m, d = self.model, self.device
+        # Per-step constants, in seconds per unit, so that a step's cost is a few multiplications.
+        compute_rate = d.tp * d.peak_flops * d.efficiency.prefill_mfu
+        memory_rate = d.tp * d.memory_bytes_per_s * d.efficiency.decode_bandwidth
+        object.__setattr__(self, "_per_token_s", 2 * m.matmul_parameters / compute_rate)
+        object.__setattr__(self, "_attention_s", 4 * m.num_layers * m.num_attention_heads * m.head_dim / compute_rate)
+        object.__setattr__(self, "_logits_s", 2 * m.hidden_size * m.vocab_size / compute_rate)
+        object.__setattr__(self, "_weights_s", self.weight_bytes / memory_rate)
+        object.__setattr__(self, "_kv_read_s", self.kv_bytes_per_token / memory_rate)
+
+    def seconds(self, decode_contexts: list[int], prefill_chunks: list[tuple[int, int]]) -> float:
+        """One step: a token for each decode sequence (its context so far) and each prefill chunk
+        (offset, tokens); a chunk that ends a prompt also samples a token."""
+        return self.step_seconds(
+            len(decode_contexts),
+            sum(decode_contexts),
+            sum(c for _, c in prefill_chunks),
+            sum(c * (o + c / 2) for o, c in prefill_chunks),
+            sum(o for o, _ in prefill_chunks),
+            len(prefill_chunks),
+        )
+
+    def step_seconds(
+        self,
+        decode_tokens: int,
+        decode_context: int,
+        prefill_tokens: int,
+        prefill_attention: float,
+        prefill_context: int,
+        prefill_sequences: int,
+    ) -> float:
+        """:meth:`seconds` from the sums a simulation keeps: decode sequences and their total context;
+        prompt tokens in the step, Σ tokens × (offset + tokens/2) for attention, Σ offsets, chunks."""
+        compute = (
+            self._per_token_s * (decode_tokens + prefill_tokens)  # type: ignore[attr-defined]
+            + self._attention_s * (decode_context + prefill_attention)  # type: ignore[attr-defined]
+            + self._logits_s * (decode_tokens + prefill_sequences)  # type: ignore[attr-defined]
+        )
+        memory = self._weights_s + self._kv_read_s * (decode_context + prefill_context)  # type: ignore[attr-defined]
+        return max(compute, memory) + self.device.efficiency.step_overhead_s
+
+
+@dataclass(frozen=True)
+class Link:
+    """How a prompt's KV cache moves from a prefill node to a decode node."""
+
+    network_bytes_per_s: float
+    staging_bytes_per_s: float | None  # None: GPUDirect RDMA, no host copies
+    fixed_s: float = TRANSFER_FIXED_S
+
+    @classmethod
+    def between(cls, prefill: InstanceFacts, decode: InstanceFacts, network_efficiency: float) -> Link:
+        network = min(prefill.network_gbps, decode.network_gbps) * 1e9 / 8 * network_efficiency
+        direct = prefill.gpudirect_rdma and decode.gpudirect_rdma
+        return cls(network, None if direct else HOST_STAGING_BYTES_PER_S)
+
+    def seconds(self, kv_bytes: float) -> float:
+        # vLLM's NIXL connector pulls a request's KV once its prefill is done, so nothing overlaps
+        # with its own prefill; the copies to and from host memory are in series with the wire.
+        staging = 2 * kv_bytes / self.staging_bytes_per_s if self.staging_bytes_per_s else 0.0
+        return self.fixed_s + kv_bytes / self.network_bytes_per_s + staging

@@ -1,0 +1,321 @@
+"""A small discrete-event simulation of serving one workload: colocated replicas, or xPyD.
+
+Requests arrive by a Poisson process (``rate``) or from ``concurrency`` clients that each send the
+next request when the last one ends. Every engine replica runs vLLM's loop as the planner models
+it (planner/performance.py): a request is admitted when a sequence slot and KV cache for its prompt
+and output are free; each step gives a token to every running sequence and fills the rest of the
+token budget with prompt chunks (chunked prefill). In P/D a prefill replica computes the prompt
+(its one sampled token is dropped, as Ray's P/D does), the KV cache crosses the link, and decode's
+first step on the request gives its first token. With selective P/D a prompt shorter than the
+threshold is prefilled by decode itself. Requests go to the replica with the fewest in flight.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from planner.performance import Link, StepCost
+
+# The share of requests at the start that only fill the system (their numbers are left out).
+WARMUP_SHARE = 0.1
+# Simulated seconds past the last arrival after which a plan counts as saturated (its requests queue
+# without bound).
+HORIZON_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int
+    output_tokens: int
+    range_ratio: float = 0.0  # lengths uniform over ±ratio around the means (bench/workloads.yaml's)
+    concurrency: int | None = None
+    rate: float | None = None  # requests per second
+    requests: int = 400
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("a workload has a concurrency or a rate, not both")
+
+    def lengths(self) -> list[tuple[int, int]]:
+        rng = random.Random(self.seed)
+
+        def spread(mean: int) -> int:
+            low, high = mean * (1 - self.range_ratio), mean * (1 + self.range_ratio)
+            return max(1, round(rng.uniform(low, high)))
+
+        return [(spread(self.prompt_tokens), spread(self.output_tokens)) for _ in range(self.requests)]
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    itl_ms: float
+    percentile: int = 90
+
+
+@dataclass
+class Request:
+    index: int
+    prompt: int
+    output: int
+    arrival: float
+    prefill_here: bool = True  # computes its prompt on the engine it is on
+    prefilled: int = 0
+    generated: int = 0
+    token_times: list[float] = field(default_factory=list)
+    done_at: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    cost: StepCost
+    kv_capacity_tokens: int
+    max_num_seqs: int = 256
+    token_budget: int = 2048
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec, role: str) -> None:
+        self.spec, self.role = spec, role  # role: colocated, prefill or decode
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.kv_used = 0
+        self.busy = False
+        self.batch: tuple[list[Request], list[tuple[Request, int]]] = ([], [])
+        self.steps = 0
+        self.decode_batch_total = 0
+
+    def in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def kv_need(self, request: Request) -> int:
+        return request.prompt + (1 if self.role == "prefill" else request.output)
+
+    def start_step(self) -> float | None:
+        while self.waiting and len(self.running) < self.spec.max_num_seqs:
+            need = self.kv_need(self.waiting[0])
+            if self.kv_used + need > self.spec.kv_capacity_tokens and self.running:
+                break
+            self.kv_used += need
+            self.running.append(self.waiting.popleft())
+        decoding: list[Request] = []
+        context = 0
+        pending: list[Request] = []
+        for request in self.running:
+            if request.prefilled >= request.prompt:
+                decoding.append(request)
+                context += request.prompt + request.generated
+            else:
+                pending.append(request)
+        budget = self.spec.token_budget - len(decoding)
+        chunks: list[tuple[Request, int]] = []
+        tokens, attention, offsets = 0, 0.0, 0
+        for request in pending:
+            if budget <= 0:
+                break
+            take = min(budget, request.prompt - request.prefilled)
+            chunks.append((request, take))
+            tokens += take
+            attention += take * (request.prefilled + take / 2)
+            offsets += request.prefilled
+            budget -= take
+        if not decoding and not chunks:
+            return None
+        self.busy, self.batch = True, (decoding, chunks)
+        self.steps += 1
+        self.decode_batch_total += len(decoding)
+        return self.spec.cost.step_seconds(len(decoding), context, tokens, attention, offsets, len(chunks))
+
+    def finish_step(self, now: float) -> tuple[list[Request], list[Request]]:
+        """(requests done here, prefills done here that go on to decode)."""
+        decoding, chunks = self.batch
+        self.busy, self.batch = False, ([], [])
+        finished, handed_off = [], []
+        for request in decoding:
+            request.generated += 1
+            request.token_times.append(now)
+            if request.generated >= request.output:
+                finished.append(request)
+        for request, take in chunks:
+            request.prefilled += take
+            if request.prefilled < request.prompt:
+                continue
+            if self.role == "prefill":
+                handed_off.append(request)
+            else:
+                request.generated += 1
+                request.token_times.append(now)
+                if request.generated >= request.output:
+                    finished.append(request)
+        for request in finished + handed_off:
+            self.running.remove(request)
+            if self.role != "prefill":
+                self.kv_used -= self.kv_need(request)
+        return finished, handed_off
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ttft_ms: dict[int, float]
+    itl_ms: dict[int, float]
+    ttft_mean_ms: float
+    itl_mean_ms: float
+    output_tokens_per_s: float
+    goodput_rps: float
+    requests_per_s: float
+    meets_slo: bool
+    saturated: bool
+    mean_decode_batch: float
+    requests: int
+
+
+def percentile(values: list[float], p: int) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def simulate(
+    workload: Workload,
+    slo: Slo,
+    *,
+    colocated: tuple[EngineSpec, int] | None = None,
+    prefill: tuple[EngineSpec, int] | None = None,
+    decode: tuple[EngineSpec, int] | None = None,
+    link: Link | None = None,
+    min_prompt_tokens: int = 0,
+    request_overhead_s: float | None = None,
+) -> Outcome:
+    """Colocated (``colocated=(spec, replicas)``) or P/D (``prefill``, ``decode``, ``link``).
+    ``request_overhead_s``: each request's fixed cost outside the engines (default: the decode engine's
+    device efficiency's), half before its arrival at an engine and half after its last token."""
+    if colocated:
+        front = [Engine(colocated[0], "colocated") for _ in range(colocated[1])]
+        prefills: list[Engine] = []
+        decodes = front
+    else:
+        assert prefill and decode and link
+        prefills = [Engine(prefill[0], "prefill") for _ in range(prefill[1])]
+        decodes = [Engine(decode[0], "decode") for _ in range(decode[1])]
+    if request_overhead_s is None:
+        request_overhead_s = decodes[0].spec.cost.device.efficiency.request_overhead_s
+    overhead = request_overhead_s
+    lengths = workload.lengths()
+    counter = itertools.count()
+    events: list[tuple[float, int, str, object]] = []
+
+    def push(at: float, kind: str, payload: object) -> None:
+        heapq.heappush(events, (at, next(counter), kind, payload))
+
+    def least_loaded(pool: list[Engine]) -> Engine:
+        return min(pool, key=Engine.in_flight)
+
+    def kick(engine: Engine, now: float) -> None:
+        if not engine.busy:
+            seconds = engine.start_step()
+            if seconds is not None:
+                push(now + seconds, "step", engine)
+
+    requests: list[Request] = []
+
+    def issue(now: float) -> None:
+        index = len(requests)
+        prompt, output = lengths[index]
+        request = Request(index, prompt, output, now)
+        requests.append(request)
+        push(now + overhead / 2, "arrive", request)
+
+    horizon = HORIZON_S
+    if workload.rate is not None:
+        rng, at = random.Random(workload.seed + 1), 0.0
+        for _ in range(workload.requests):
+            issue(at)
+            at += rng.expovariate(workload.rate)
+        horizon += at
+    else:
+        for _ in range(min(workload.concurrency or 1, workload.requests)):
+            issue(0.0)
+
+    saturated = False
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if now > horizon:
+            saturated = True
+            break
+        if kind == "arrive":
+            assert isinstance(payload, Request)
+            local = not prefills or payload.prompt < min_prompt_tokens
+            target = least_loaded(decodes if local else prefills)
+            payload.prefill_here = local
+            target.waiting.append(payload)
+            kick(target, now)
+        elif kind == "kv":
+            assert isinstance(payload, tuple)
+            moved, source = payload
+            source.kv_used -= source.kv_need(moved)
+            kick(source, now)
+            target = least_loaded(decodes)
+            target.waiting.append(moved)
+            kick(target, now)
+        else:
+            assert isinstance(payload, Engine)
+            engine = payload
+            finished, handed_off = engine.finish_step(now)
+            for request in handed_off:
+                assert link is not None
+                push(now + link.seconds(request.prompt * engine.spec.cost.kv_bytes_per_token), "kv", (request, engine))
+            for request in finished:
+                request.done_at = now + overhead / 2
+                if workload.concurrency is not None and len(requests) < workload.requests:
+                    issue(request.done_at)
+            kick(engine, now)
+    return _outcome(requests, workload, slo, saturated, decodes, overhead)
+
+
+def _outcome(
+    requests: list[Request], workload: Workload, slo: Slo, saturated: bool, decodes: list[Engine], overhead: float
+) -> Outcome:
+    done = [r for r in requests if r.done_at is not None]
+    measured = done[int(len(done) * WARMUP_SHARE) :] if len(done) > 10 else done
+    if not measured:
+        nan = float("nan")
+        return Outcome({}, {}, nan, nan, 0.0, 0.0, 0.0, False, True, nan, 0)
+    ttfts = [(r.token_times[0] - r.arrival + overhead / 2) * 1e3 for r in measured]
+    gaps = [(b - a) * 1e3 for r in measured for a, b in itertools.pairwise(r.token_times)]
+    start = min(r.arrival for r in measured)
+    end = max(r.done_at for r in measured if r.done_at is not None)
+    span = max(end - start, 1e-9)
+
+    def tpot_ms(r: Request) -> float:
+        return (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3 if len(r.token_times) > 1 else 0
+
+    good = [r for r, ttft in zip(measured, ttfts, strict=True) if ttft <= slo.ttft_ms and tpot_ms(r) <= slo.itl_ms]
+    ttft = {p: percentile(ttfts, p) for p in (50, 90, 99)}
+    itl = {p: percentile(gaps, p) for p in (50, 90, 99)}
+    p = slo.percentile
+    meets = percentile(ttfts, p) <= slo.ttft_ms and (not gaps or percentile(gaps, p) <= slo.itl_ms)
+    steps = sum(e.steps for e in decodes)
+    return Outcome(
+        ttft_ms=ttft,
+        itl_ms=itl,
+        ttft_mean_ms=mean(ttfts),
+        itl_mean_ms=mean(gaps),
+        output_tokens_per_s=sum(r.output for r in measured) / span,
+        goodput_rps=len(good) / span,
+        requests_per_s=len(measured) / span,
+        meets_slo=meets and not saturated,
+        saturated=saturated,
+        mean_decode_batch=sum(e.decode_batch_total for e in decodes) / steps if steps else 0.0,
+        requests=len(measured),
+    )
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
