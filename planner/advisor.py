@@ -136,6 +136,29 @@ def _engine(inputs: AdvisorInputs, facts: InstanceFacts, tp: int, kv_tokens: int
     )
 
 
+def _fleet(inputs: AdvisorInputs) -> tuple[EngineSpec, EngineSpec, Link]:
+    """The prefill and decode engine of the configured instances, and the KV link between them."""
+    prefill_facts = _instance(inputs.prefill_instance, field_name("instance_type", "prefill"))
+    decode_facts = _instance(inputs.decode_instance, field_name("instance_type", "decode"))
+    prefill = _engine(inputs, prefill_facts, inputs.prefill_tp, inputs.prefill_kv_tokens)
+    decode = _engine(inputs, decode_facts, inputs.decode_tp, inputs.decode_kv_tokens)
+    return prefill, decode, inputs.link or Link.between(prefill_facts, decode_facts, inputs.network_efficiency)
+
+
+def _pd_candidate(
+    inputs: AdvisorInputs,
+    workload: Workload,
+    slo: Slo,
+    fleet: tuple[EngineSpec, EngineSpec, Link],
+    x: int,
+    y: int,
+    threshold: int,
+) -> Candidate:
+    prefill, decode, link = fleet
+    outcome = simulate(workload, slo, prefill=(prefill, x), decode=(decode, y), link=link, min_prompt_tokens=threshold)
+    return Candidate("disaggregated", x, y, threshold, x * inputs.prefill_tp + y * inputs.decode_tp, outcome)
+
+
 def recommended_threshold(decode: EngineSpec, decode_batch: float, slo: Slo, max_model_len: int) -> int:
     """The longest prompt decode can prefill in one step beside its usual batch while that step
     stays within the ITL target: below it, remote prefill only adds the transfer to TTFT."""
@@ -153,33 +176,19 @@ def recommended_threshold(decode: EngineSpec, decode_batch: float, slo: Slo, max
 
 
 def advise(inputs: AdvisorInputs, workload: Workload, slo: Slo) -> Advice:
-    prefill_facts = _instance(inputs.prefill_instance, field_name("instance_type", "prefill"))
-    decode_facts = _instance(inputs.decode_instance, field_name("instance_type", "decode"))
     for what, nodes in (("prefill", inputs.prefill_max_nodes), ("decode", inputs.decode_max_nodes)):
         if nodes < 1:
             raise PlanningError(f"the {what} GPU group's max_size is {nodes}: the advisor needs at least 1 node")
-    prefill = _engine(inputs, prefill_facts, inputs.prefill_tp, inputs.prefill_kv_tokens)
-    decode = _engine(inputs, decode_facts, inputs.decode_tp, inputs.decode_kv_tokens)
-    link = inputs.link or Link.between(prefill_facts, decode_facts, inputs.network_efficiency)
-    overhead = decode.cost.device.efficiency.request_overhead_s
+    prefill, decode, link = _fleet(inputs)
 
     @functools.cache
     def pd(x: int, y: int, threshold: int) -> Candidate:
-        outcome = simulate(
-            workload,
-            slo,
-            prefill=(prefill, x),
-            decode=(decode, y),
-            link=link,
-            min_prompt_tokens=threshold,
-            request_overhead_s=overhead,
-        )
-        return Candidate("disaggregated", x, y, threshold, x * inputs.prefill_tp + y * inputs.decode_tp, outcome)
+        return _pd_candidate(inputs, workload, slo, (prefill, decode, link), x, y, threshold)
 
     candidates: list[Candidate] = []
     replicas = min(inputs.prefill_max_nodes + inputs.decode_max_nodes, MAX_COLOCATED_REPLICAS)
     for n in range(1, replicas + 1):
-        outcome = simulate(workload, slo, colocated=(decode, n), request_overhead_s=overhead)
+        outcome = simulate(workload, slo, colocated=(decode, n))
         candidates.append(Candidate("colocated", 0, n, 0, n * inputs.decode_tp, outcome))
     splits = [(x, y) for x in range(1, inputs.prefill_max_nodes + 1) for y in range(1, inputs.decode_max_nodes + 1)]
     plain = [pd(x, y, 0) for x, y in splits]
@@ -256,26 +265,11 @@ def deployed_against_colocated(
     inputs: AdvisorInputs, workload: Workload, slo: Slo, prefill_replicas: int, decode_replicas: int, threshold: int
 ) -> tuple[Candidate, Candidate]:
     """(the P/D shape a config deploys, colocated replicas on as many GPUs) for one workload."""
-    prefill_facts = _instance(inputs.prefill_instance, field_name("instance_type", "prefill"))
-    decode_facts = _instance(inputs.decode_instance, field_name("instance_type", "decode"))
-    prefill = _engine(inputs, prefill_facts, inputs.prefill_tp, inputs.prefill_kv_tokens)
-    decode = _engine(inputs, decode_facts, inputs.decode_tp, inputs.decode_kv_tokens)
-    link = inputs.link or Link.between(prefill_facts, decode_facts, inputs.network_efficiency)
-    gpus = prefill_replicas * inputs.prefill_tp + decode_replicas * inputs.decode_tp
-    pd = simulate(
-        workload,
-        slo,
-        prefill=(prefill, prefill_replicas),
-        decode=(decode, decode_replicas),
-        link=link,
-        min_prompt_tokens=threshold,
-    )
-    replicas = max(gpus // inputs.decode_tp, 1)
-    colocated = simulate(workload, slo, colocated=(decode, replicas))
-    return (
-        Candidate("disaggregated", prefill_replicas, decode_replicas, threshold, gpus, pd),
-        Candidate("colocated", 0, replicas, 0, replicas * inputs.decode_tp, colocated),
-    )
+    fleet = _fleet(inputs)
+    pd = _pd_candidate(inputs, workload, slo, fleet, prefill_replicas, decode_replicas, threshold)
+    replicas = max(pd.gpus // inputs.decode_tp, 1)
+    colocated = simulate(workload, slo, colocated=(fleet[1], replicas))
+    return pd, Candidate("colocated", 0, replicas, 0, replicas * inputs.decode_tp, colocated)
 
 
 def colocated_serves_better(pd: Candidate, colocated: Candidate, percentile: int) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
@@ -15,15 +14,6 @@ from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS
 
 ray = pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
 pytestmark = pytest.mark.serving
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """Building an LLM app asks Ray for its runtime context, which starts Ray: contain it here."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 def graph(app) -> dict[str, object]:

@@ -3,8 +3,6 @@ tiny model's real tokenizer; tests/local/test_local_disaggregated.py shows it on
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from serve_app.spec import SELECTIVE_THRESHOLD_KEY, ServingSpec
@@ -14,14 +12,6 @@ ray = pytest.importorskip("ray", reason="the serving stack (requirements-serve.t
 pytestmark = pytest.mark.serving
 
 DECODE = "Decode:qwen2_5-7b-instruct"
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
