@@ -229,7 +229,7 @@ def load(path: str | Path) -> dict[str, Any]:
     return json.loads(file.read_text())
 
 
-def calibrate_file(path: str | Path, inputs) -> Fit:
+def calibrate_file(path: str | Path, inputs, fit_on: tuple[int, int] | None = None) -> Fit:
     """The fit of a results file for the advisor's inputs (planner/advisor.py AdvisorInputs): its decode
     engine, on the configured instance, and the link between the groups."""
     from config.catalog import INSTANCES
@@ -237,7 +237,7 @@ def calibrate_file(path: str | Path, inputs) -> Fit:
     decode = INSTANCES[inputs.decode_instance]
     prefill = INSTANCES[inputs.prefill_instance]
     cost = StepCost.of(inputs.model, Device.of(decode, inputs.decode_tp, inputs.efficiency), inputs.dtype_bytes)
-    return fit(load(path), cost, inputs.token_budget, Link.between(prefill, decode, inputs.network_efficiency))
+    return fit(load(path), cost, inputs.token_budget, Link.between(prefill, decode, inputs.network_efficiency), fit_on)
 
 
 def local_cost() -> tuple[StepCost, int]:
@@ -287,14 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             from planner.from_config import advisor_inputs, plan_config
 
             config = load_config(args.config)
-            inputs = advisor_inputs(config, plan_config(config))
-            from config.catalog import INSTANCES
-
-            cost = StepCost.of(
-                inputs.model, Device.of(INSTANCES[inputs.decode_instance], inputs.decode_tp), inputs.dtype_bytes
-            )
-            link = Link.between(INSTANCES[inputs.prefill_instance], INSTANCES[inputs.decode_instance], 0.7)
-            result = fit(load(args.results), cost, inputs.token_budget, link, fit_on)
+            result = calibrate_file(args.results, advisor_inputs(config, plan_config(config)), fit_on)
     except PlanningError as exc:
         print(f"{args.results}: {exc}", file=sys.stderr)
         return 2
