@@ -56,7 +56,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from cli.args import ArgumentParser
-from local import leftovers, lifecycle, ray_internals, shutdown
+from local import leftovers, lifecycle, nixl_hook, ray_internals, shutdown
 from local.errors import StartupFailure
 from local.paths import (
     API_KEYS_DIR,
@@ -133,6 +133,8 @@ def serve(args: argparse.Namespace) -> int:
             # Recorded, and every child marked, before anything starts: a kill -9 from here on
             # leaves processes that the next start recognizes and stops.
             os.environ[lifecycle.RUN_MARKER] = lifecycle.run_mark()
+            # Before Ray starts, so every engine inherits it: NIXL's progress thread sleeps when idle.
+            nixl_hook.enable(os.environ)
             write_json(
                 RUN_RECORD,
                 {
