@@ -7,8 +7,8 @@ delay, rounded up to whole milliseconds, as its ``poll()`` timeout, so at 0 it n
 idle P/D engine's worker burns most of a core (``docs/benchmarks.md``, "Selective P/D on the CPU").
 vLLM builds its agent through that class, so no vLLM or serving setting reaches the delay.
 
-With a delay the thread still progresses every worker at once when UCX signals an event, and again
-at each timeout; only its idle loop sleeps. ``enable`` puts this folder on ``PYTHONPATH`` and the
+With a delay the thread still progresses every worker when UCX signals an event, and again at
+each timeout; only its idle loop sleeps. ``enable`` puts this folder on ``PYTHONPATH`` and the
 delay in the environment before the run starts Ray: every process of the run inherits both, and
 Python imports ``sitecustomize`` from here at start-up, which sets the delay as NIXL's bindings
 load. Only local runs do this; a cluster's engines run NIXL as it ships (a GPU node has 32 vCPUs,
@@ -23,9 +23,9 @@ from pathlib import Path
 
 HOOK_DIR = Path(__file__).resolve().parent
 DELAY_ENV = "PD_SERVING_NIXL_PROGRESS_DELAY_US"
-# 1 ms: the shortest poll() timeout there is (NIXL rounds up to milliseconds). Measured with two
-# agents on this 2-core machine: idle CPU 0.04 cores against 1.1-1.3, and a 1 MiB loopback read
-# no slower (p50 3.8 ms against 7.4-7.8 ms).
+# 1 ms: the shortest poll() timeout there is (NIXL rounds up to milliseconds). Two agents on an
+# idle 2-core machine, two runs each way: idle CPU 0.04-0.07 cores against 1.99 (both cores); a
+# 1 MiB loopback read p50 3.7 ms against 0.4-5.1 ms, p90 3.8 ms against 7.5-10.9 ms.
 DEFAULT_DELAY_US = 1000
 
 
