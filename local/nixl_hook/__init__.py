@@ -21,8 +21,11 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
+# The one definition of the variable's name is the hook's own: it runs in Ray's workers, where this
+# package is not importable. Imported here with no delay in the environment, it installs nothing.
+from local.nixl_hook.sitecustomize import DELAY_ENV
+
 HOOK_DIR = Path(__file__).resolve().parent
-DELAY_ENV = "PD_SERVING_NIXL_PROGRESS_DELAY_US"
 # 1 ms: the shortest poll() timeout there is (NIXL rounds up to milliseconds). Two agents on an
 # idle 2-core machine, two runs each way: idle CPU 0.04-0.07 cores against 1.99 (both cores); a
 # 1 MiB loopback read p50 3.7 ms against 0.4-5.1 ms, p90 3.8 ms against 7.5-10.9 ms.
