@@ -54,7 +54,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy preview destroy check test test-unit charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy preview destroy check test test-unit test-deps unit-deps charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -135,13 +135,24 @@ check: $(VENV)/.dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
+# What the tests need. The virtual environments and node_modules are independent of one another, so
+# they are installed side by side (the serving stack's install is mostly unpacking and writing).
+TEST_DEPS := $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
+UNIT_DEPS := $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
+test-deps: $(TEST_DEPS)
+	@:
+unit-deps: $(UNIT_DEPS)
+	@:
+
+test:
+	@$(MAKE) --no-print-directory -j4 test-deps
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest -m "not live" $(PARALLEL) $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 	$(PY) -m pytest -m live $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 
 # Everything that needs neither Ray and vLLM nor a live local server.
-test-unit: $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
+test-unit:
+	@$(MAKE) --no-print-directory -j4 unit-deps
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
 	$(PY) -m pytest -m "not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
 
