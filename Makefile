@@ -135,13 +135,12 @@ check: $(VENV)/.dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# What the tests need. The virtual environments and node_modules are independent of one another, so
-# they are installed side by side (the serving stack's install is mostly unpacking and writing).
-TEST_DEPS := $(VENV)/.serve node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
-UNIT_DEPS := $(VENV)/.dev node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
-test-deps: $(TEST_DEPS)
+# What the tests need. The virtual environments and node_modules are independent of one another,
+# so test and test-unit install them side by side (make -j4 on these two targets).
+TEST_TOOLS := node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
+test-deps: $(VENV)/.serve $(TEST_TOOLS)
 	@:
-unit-deps: $(UNIT_DEPS)
+unit-deps: $(VENV)/.dev $(TEST_TOOLS)
 	@:
 
 test:
