@@ -20,12 +20,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 RUN_MARKER = "PD_SERVING_LOCAL_RUN"
 PROC = Path("/proc")
+# POSIX shared memory (shm_open) lives here as files, and outlives every process that mapped it
+# until someone unlinks it. vLLM's message queues between an engine and its workers are such
+# segments (psm_*): the engine unlinks them when it exits cleanly, and one that is killed (and
+# Python's resource tracker with it) leaves them until the machine restarts. A stopped run
+# removes those its processes mapped.
+SHARED_MEMORY = Path("/dev/shm")
 # The process that started this one, read as this module is imported (the server imports it
 # before anything slow). Had that process died before, this would be its reaper: the one window
 # nothing here can see.
@@ -194,16 +200,61 @@ def stop_processes(
     return [pid for pid in pids if alive(pid)]
 
 
-def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0) -> list[int]:
+def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0, shared_memory: Iterable[Path] = ()) -> list[int]:
     """Stops every process of the run ``mark`` and returns once none is left, those that appear
     while it stops (a worker a dying raylet or replica started) included; at ``timeout``, returns
-    those still there."""
+    those still there. Once none is left, the shared-memory segments its processes mapped (and
+    ``shared_memory``: those mapped by processes that had exited before) are removed."""
     deadline = time.monotonic() + timeout
+    held = set(shared_memory)
     while True:
         pids = run_processes(mark)
-        if not pids or time.monotonic() >= deadline:
+        if not pids:
+            remove_unmapped(held)
             return pids
+        if time.monotonic() >= deadline:
+            return pids
+        held |= shared_memory_of(pids)
         stop_processes(pids, grace=grace, deadline=deadline)
+
+
+def shared_memory_of(pids: Iterable[int]) -> set[Path]:
+    """The shared-memory segments (files under SHARED_MEMORY, not yet unlinked) the processes map."""
+    found: set[Path] = set()
+    prefix = f"{SHARED_MEMORY}/"
+    for pid in pids:
+        try:
+            maps = (PROC / str(pid) / "maps").read_text()
+        except OSError:  # gone, or another user's
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(prefix) and not fields[5].endswith(" (deleted)"):
+                found.add(Path(fields[5]))
+    return found
+
+
+def remove_unmapped(segments: Iterable[Path]) -> list[Path]:
+    """Removes those of ``segments`` that are this user's and that no living process maps any more;
+    returns them."""
+    candidates = []
+    for segment in set(segments):
+        try:
+            if segment.parent == SHARED_MEMORY and segment.stat().st_uid == os.getuid():
+                candidates.append(segment)
+        except OSError:  # already removed
+            continue
+    if not candidates:
+        return []
+    in_use = shared_memory_of(int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit())
+    removed = []
+    for segment in sorted(set(candidates) - in_use):
+        try:
+            segment.unlink()
+            removed.append(segment)
+        except OSError:
+            continue
+    return removed
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

@@ -154,9 +154,11 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever is left is stopped below
             say(f"clean shutdown failed ({exc}); stopping the run's processes")
 
+    # Read before the clean shutdown stops the engines: what they mapped is gone from /proc after.
+    shared_memory = lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark()))
     worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
     worker.start()
     worker.join(max(0.0, timeout - STOP_SECONDS))
-    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS)
+    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=shared_memory)
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)

@@ -18,7 +18,8 @@ import pytest
 
 from tests.conftest import CONFIG_DIR, ROOT
 
-# What each shared server is started with; every server proves, once stopped, that it left nothing.
+# What each shared server is started with; every server proves, once stopped, that it left nothing
+# (no process, no shared-memory segment its processes mapped).
 LIVE_SERVERS = {
     "colocated": dict(mode="colocated", port=8001, metrics_port=8086),
     # The code comes as the cluster gets it: dev's synthesized asset, published by the CDK CLI to a
@@ -91,13 +92,17 @@ class SharedServers:
 
     def stop(self) -> None:
         from local.harness import session_processes
+        from local.lifecycle import shared_memory_of
 
         running, self.server, self.name = self.server, None, None
         if running is None:
             return
         session = running.process.pid
+        mapped = shared_memory_of(session_processes(session))
         running.stop()
         assert session_processes(session) == [], "the local server left processes behind"
+        left = sorted(str(segment) for segment in mapped if segment.exists())
+        assert not left, f"the local server left shared memory behind: {', '.join(left)}"
 
 
 @pytest.fixture(scope="session")

@@ -265,6 +265,8 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
         process.wait(10)
     orphans = lifecycle.run_processes(mark)
     assert orphans, "a killed run left nothing behind, so this test proves nothing"
+    segments = lifecycle.shared_memory_of(orphans)
+    assert segments, "the killed run's processes map no shared memory, so this test proves nothing of it"
     try:
         server = shared_servers.get("disaggregated")
         output = server.log_path.read_text()
@@ -277,6 +279,8 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
         assert answer.choices[0].message.content is not None
         # Nothing of the killed run is left; what the new server leaves is checked when it stops.
         assert lifecycle.run_processes(mark) == []
+        assert "shared-memory segment(s) they held" in output
+        assert not [segment for segment in segments if segment.exists()], "the killed run's shared memory is left"
     finally:
         sweep(mark)
     report_measurement(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from multiprocessing import shared_memory
 
 import pytest
 
@@ -41,6 +42,22 @@ child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdou
 child.stdout.readline()
 print(child.pid, flush=True)
 sys.stdin.read()
+"""
+
+# A stand-in for an engine: it maps a shared-memory segment it created (its name written to
+# argv[1]) and, given one, a segment someone else created (argv[2]). Python's resource tracker
+# would remove its own segment when it dies: in a stopped run the tracker is killed with the rest,
+# so here it is told to forget both.
+SEGMENT_HOLDER = """
+import sys, time
+from multiprocessing import resource_tracker, shared_memory
+created = shared_memory.SharedMemory(create=True, size=4096)
+attached = [shared_memory.SharedMemory(name=name) for name in sys.argv[2:]]
+for segment in [created, *attached]:
+    resource_tracker.unregister(segment._name, "shared_memory")
+open(sys.argv[1], "w").write(created.name)
+print("mapped", flush=True)
+time.sleep(120)
 """
 
 
@@ -125,6 +142,60 @@ def test_the_next_start_stops_a_half_exited_leftover_and_waits_for_its_port(tmp_
         kill(left)
         kill(stand_in.pid)
         stand_in.wait(10)
+
+
+def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others_still_map(tmp_path):
+    bystander = shared_memory.SharedMemory(create=True, size=4096)  # this process keeps it mapped
+    name_file = tmp_path / "segment"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SEGMENT_HOLDER, str(name_file), bystander.name],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    own = None
+    try:
+        assert run.stdout.readline().strip() == b"mapped"
+        own = lifecycle.SHARED_MEMORY / name_file.read_text()
+        assert lifecycle.shared_memory_of([run.pid]) == {own, lifecycle.SHARED_MEMORY / bystander.name}
+        assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15) == []
+        assert not own.exists(), "the run's own segment outlived the run"
+        assert (lifecycle.SHARED_MEMORY / bystander.name).exists(), "a segment still in use was removed"
+    finally:
+        kill(run.pid)
+        run.wait(10)
+        bystander.close()
+        bystander.unlink()
+        if own is not None:
+            own.unlink(missing_ok=True)
+
+
+def test_the_next_start_removes_the_shared_memory_a_killed_runs_leftovers_held(tmp_path, monkeypatch):
+    name_file = tmp_path / "segment"
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", STAND_IN_SERVER, SEGMENT_HOLDER, str(name_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    left = int(stand_in.stdout.readline())
+    own = lifecycle.SHARED_MEMORY / name_file.read_text()
+    try:
+        mark = lifecycle.run_mark(stand_in.pid)
+        kill(stand_in.pid)
+        stand_in.wait(10)
+        record = tmp_path / "run.json"
+        record.write_text(f'{{"mark": "{mark}"}}')
+        monkeypatch.setattr(leftovers, "RUN_RECORD", record)
+
+        said = []
+        assert left in leftovers.sweep(say=said.append)
+        assert said[0].endswith("; removed 1 shared-memory segment(s) they held")
+        assert not own.exists()
+    finally:
+        kill(left)
+        kill(stand_in.pid)
+        stand_in.wait(10)
+        own.unlink(missing_ok=True)
 
 
 def test_a_port_that_none_of_the_stopped_processes_holds_is_refused_at_once_naming_its_holder():
