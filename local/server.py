@@ -133,6 +133,7 @@ def serve(args: argparse.Namespace) -> int:
             # Recorded, and every child marked, before anything starts: a kill -9 from here on
             # leaves processes that the next start recognizes and stops.
             os.environ[lifecycle.RUN_MARKER] = lifecycle.run_mark()
+            shutdown.track_shared_memory()
             # Before Ray starts, so every engine inherits it: NIXL's progress thread sleeps when idle.
             nixl_hook.enable(os.environ)
             write_json(

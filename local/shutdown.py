@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from local import lifecycle
 from local.paths import RUN_RECORD, STATUS_FILE, read_json
@@ -39,6 +40,9 @@ DEADLINE_SECONDS = 20
 
 _signals_seen = 0
 _exiting = threading.Lock()
+# The shared-memory segments the run's processes have mapped so far (see track_shared_memory).
+_shared_memory: set[Path] = set()
+TRACK_SECONDS = 5.0
 
 
 def say(line: str, *, error: bool = False) -> None:
@@ -86,6 +90,24 @@ def _on_signal(signum, _frame):
     stop_now()
 
 
+def track_shared_memory(interval: float = TRACK_SECONDS) -> None:
+    """Notes, every ``interval`` seconds, the shared-memory segments the run's processes map, for
+    the stop to remove. Read only at the stop, they would be missed: a signal to the process group
+    (a terminal's Ctrl-C) reaches Ray's nodes and the engines as it reaches the server, and they
+    can be gone before the server has read anything."""
+
+    def track():
+        while not stopping():
+            _shared_memory.update(lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark())))
+            time.sleep(interval)
+
+    threading.Thread(target=track, name="shared-memory", daemon=True).start()
+
+
+def _run_shared_memory() -> set[Path]:
+    return set(_shared_memory) | lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark()))
+
+
 def stopping() -> bool:
     """Whether the run is stopping (a signal came, or the shutdown began): nothing starts again."""
     return _signals_seen > 0 or _exiting.locked()
@@ -105,7 +127,9 @@ def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> 
         return
     if reason:
         say(reason)
-    left = lifecycle.stop_run(lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS)
+    left = lifecycle.stop_run(
+        lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS, shared_memory=_run_shared_memory()
+    )
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
     forget_run()
@@ -155,7 +179,7 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
             say(f"clean shutdown failed ({exc}); stopping the run's processes")
 
     # Read before the clean shutdown stops the engines: what they mapped is gone from /proc after.
-    shared_memory = lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark()))
+    shared_memory = _run_shared_memory()
     worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
     worker.start()
     worker.join(max(0.0, timeout - STOP_SECONDS))
