@@ -100,6 +100,33 @@ def half_exited(port: int):
         process.wait(10)
 
 
+@contextmanager
+def killed_run(tmp_path, monkeypatch, script: str, argument: str, before_the_kill=None):
+    """A run whose server a kill -9 stopped: STAND_IN_SERVER starts ``script`` in its session and
+    is killed; the run record the next start reads names it. Yields the leftover's pid."""
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", STAND_IN_SERVER, script, argument],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    left = int(stand_in.stdout.readline())
+    try:
+        mark = lifecycle.run_mark(stand_in.pid)
+        if before_the_kill is not None:
+            before_the_kill(left)
+        kill(stand_in.pid)
+        stand_in.wait(10)
+        record = tmp_path / "run.json"
+        record.write_text(f'{{"mark": "{mark}"}}')
+        monkeypatch.setattr(leftovers, "RUN_RECORD", record)
+        yield left
+    finally:
+        kill(left)
+        kill(stand_in.pid)
+        stand_in.wait(10)
+
+
 def test_a_process_whose_first_thread_exited_lives_and_holds_its_port_until_its_last_thread_exits():
     port = free_port()
     with half_exited(port) as process:
@@ -116,32 +143,17 @@ def test_the_next_start_stops_a_half_exited_leftover_and_waits_for_its_port(tmp_
     """The race after a kill -9: the next start stopped what it found, then refused a port of what
     it had just stopped as held by "a process this user cannot see"."""
     port = free_port()
-    stand_in = subprocess.Popen(
-        [sys.executable, "-c", STAND_IN_SERVER, HALF_EXITED, str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    left = int(stand_in.stdout.readline())
-    try:
-        mark = lifecycle.run_mark(stand_in.pid)
-        wait_for(lambda: state(left) == "Z", 10, "the leftover's first thread's exit")
-        kill(stand_in.pid)
-        stand_in.wait(10)
-        record = tmp_path / "run.json"
-        record.write_text(f'{{"mark": "{mark}"}}')
-        monkeypatch.setattr(leftovers, "RUN_RECORD", record)
 
+    def half_exited_yet(left: int) -> None:
+        wait_for(lambda: state(left) == "Z", 10, "the leftover's first thread's exit")
+
+    with killed_run(tmp_path, monkeypatch, HALF_EXITED, str(port), before_the_kill=half_exited_yet) as left:
         said = []
         stopped = leftovers.sweep(say=said.append)
         assert left in stopped and len(said) == 1 and "left by an earlier local run" in said[0]
         assert not lifecycle.alive(left)
         ports.check_ports([(port, "a test port", "--test-port N")], stopped=stopped)  # it does not refuse
         assert ports.port_free(port)
-    finally:
-        kill(left)
-        kill(stand_in.pid)
-        stand_in.wait(10)
 
 
 def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others_still_map(tmp_path):
@@ -171,31 +183,15 @@ def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others
 
 def test_the_next_start_removes_the_shared_memory_a_killed_runs_leftovers_held(tmp_path, monkeypatch):
     name_file = tmp_path / "segment"
-    stand_in = subprocess.Popen(
-        [sys.executable, "-c", STAND_IN_SERVER, SEGMENT_HOLDER, str(name_file)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    left = int(stand_in.stdout.readline())
-    own = lifecycle.SHARED_MEMORY / name_file.read_text()
-    try:
-        mark = lifecycle.run_mark(stand_in.pid)
-        kill(stand_in.pid)
-        stand_in.wait(10)
-        record = tmp_path / "run.json"
-        record.write_text(f'{{"mark": "{mark}"}}')
-        monkeypatch.setattr(leftovers, "RUN_RECORD", record)
-
-        said = []
-        assert left in leftovers.sweep(say=said.append)
-        assert said[0].endswith("; removed 1 shared-memory segment(s) they held")
-        assert not own.exists()
-    finally:
-        kill(left)
-        kill(stand_in.pid)
-        stand_in.wait(10)
-        own.unlink(missing_ok=True)
+    with killed_run(tmp_path, monkeypatch, SEGMENT_HOLDER, str(name_file)) as left:
+        own = lifecycle.SHARED_MEMORY / name_file.read_text()
+        try:
+            said = []
+            assert left in leftovers.sweep(say=said.append)
+            assert said[0].endswith("; removed 1 shared-memory segment(s) they held")
+            assert not own.exists()
+        finally:
+            own.unlink(missing_ok=True)
 
 
 def test_a_port_that_none_of_the_stopped_processes_holds_is_refused_at_once_naming_its_holder():
