@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     wanted = {**charts.PINNED_CHARTS, **(charts.CDK_CHOSEN_CHARTS if args.with_cdk_chosen else {})}
     failed = 0
+    unreachable: list[str] = []
     for pin in wanted.values():
         try:
             path = charts.chart_archive(pin.chart, pin.version, args.cache)
@@ -47,7 +48,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         except charts.ChartRenderError as error:
             print(error, file=sys.stderr)
+            unreachable.append(f"{pin.chart}-{pin.version}.tgz")
             failed += 1
+    if unreachable:
+        # Each pull's own line says why; this one says what to do, the same for all (offline, mostly).
+        print(
+            f"{len(unreachable)} chart(s) are not in the chart cache {args.cache} and could not be pulled: "
+            f"run where the chart repositories are reachable, or set CHART_CACHE to a folder that holds "
+            f"{', '.join(unreachable)}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

@@ -50,6 +50,18 @@ def test_a_repository_that_cannot_be_reached_is_one_line(tmp_path):
     )
 
 
+def test_an_unreachable_repository_ends_with_how_to_point_the_cache_at_the_charts(tmp_path, monkeypatch, capsys):
+    pin = HelmChartPin(chart="kuberay-operator", repository="http://127.0.0.1:9", version="1.7.0")
+    monkeypatch.setattr(charts, "PINNED_CHARTS", {pin.chart: pin})
+    assert make_charts.main(["--cache", str(tmp_path)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("helm pull kuberay-operator 1.7.0 from http://127.0.0.1:9 failed: ")
+    assert lines[-1] == (
+        f"1 chart(s) are not in the chart cache {tmp_path} and could not be pulled: run where the chart "
+        "repositories are reachable, or set CHART_CACHE to a folder that holds kuberay-operator-1.7.0.tgz"
+    )
+
+
 def test_check_names_every_missing_chart_and_how_to_fetch_it(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "cli.charts", "--check", "--with-cdk-chosen", "--cache", str(tmp_path)],
