@@ -54,7 +54,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy preview destroy check test test-unit test-deps unit-deps charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy preview destroy check test test-unit test-consumers test-deps unit-deps consumer-deps charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -71,7 +71,8 @@ help:
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
 	@echo "make charts                                   helm pull the pinned charts into CHART_CACHE (needs internet)"
 	@echo "make check                                    lint, format check, types, import contracts"
-	@echo "make test-unit                                fast tests: no serving stack, no live server"
+	@echo "make test-unit                                fast tests: no serving stack, no live server, no consumer's program"
+	@echo "make test-consumers                           the tests that run the CDK CLI, checkov, cfn-guard, Helm, Kubernetes' schemas"
 	@echo "make test                                     install everything and run every test"
 
 $(VENV)/.runtime: requirements.txt
@@ -136,11 +137,14 @@ check: $(VENV)/.dev
 	$(VENV)/bin/lint-imports
 
 # What the tests need. The virtual environments and node_modules are independent of one another,
-# so test and test-unit install them side by side (make -j4 on these two targets).
+# so the test targets install them side by side (make -j4 on these targets). The unit tests read
+# the CDK CLI's copy of CloudFormation's resource specification and cross-check with NCA.
 TEST_TOOLS := node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
 test-deps: $(VENV)/.serve $(TEST_TOOLS)
 	@:
-unit-deps: $(VENV)/.dev $(TEST_TOOLS)
+unit-deps: $(VENV)/.dev node_modules/.installed $(NCA_VENV)/.installed
+	@:
+consumer-deps: $(VENV)/.dev $(TEST_TOOLS)
 	@:
 
 test:
@@ -149,11 +153,18 @@ test:
 	$(PY) -m pytest -m "not live" $(PARALLEL) $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 	$(PY) -m pytest -m live $(PYTEST_ARGS) || test $$? -eq $(NO_TESTS_COLLECTED)
 
-# Everything that needs neither Ray and vLLM nor a live local server.
+# The quick loop: everything that runs in pytest's own processes, with neither Ray and vLLM nor a
+# live local server nor a consumer's program (the tests marked consumer: see pytest.ini).
 test-unit:
 	@$(MAKE) --no-print-directory -j4 unit-deps
+	$(PY) -m pytest -m "not live and not serving and not consumer" $(PARALLEL) $(PYTEST_ARGS)
+
+# The tests that run the real consumers (the CDK CLI's synth and diff, checkov, cfn-guard, Helm,
+# Kubernetes' schemas) on what the stack synthesizes: the day-two rehearsals among them.
+test-consumers:
+	@$(MAKE) --no-print-directory -j4 consumer-deps
 	$(PY) -m cli.charts --cache $(CHART_CACHE)
-	$(PY) -m pytest -m "not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "consumer and not live and not serving" $(PARALLEL) $(PYTEST_ARGS)
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
 # HA=1: a head with no resources and GCS fault tolerance on a loopback Redis, a worker node per phase.

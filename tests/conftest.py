@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,6 +11,71 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+# The split by cost (pytest.ini's markers): a test that runs one of these programs carries
+# `consumer`, so that `make test-unit` leaves it to `make test-consumers` and `make test`. They take
+# seconds each (a Node.js CLI, a scanner loading its rules, jsii and aws-cdk-lib loaded afresh by a
+# new app.py); a test that starts one without the marker fails, naming it, instead of slowing the
+# fast tier unseen.
+CONSUMER_PROGRAMS = {"cdk": "the CDK CLI", "checkov": "checkov", "cfn-guard": "cfn-guard", "helm": "Helm"}
+COST_MARKERS = ("consumer", "live", "serving")
+
+
+def consumer_program(args) -> str | None:
+    """What a command line starts of CONSUMER_PROGRAMS, pip (or venv) and app.py, or None."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = [args]
+    argv = [os.fsdecode(a) for a in args]
+    if not argv:
+        return None
+    name = Path(argv[0]).name
+    if name in CONSUMER_PROGRAMS:
+        return CONSUMER_PROGRAMS[name]
+    if name in ("pip", "pip3") or argv[1:3] in (["-m", "pip"], ["-m", "venv"]):
+        return "pip"
+    if any(Path(arg).name == "app.py" for arg in argv[1:]):
+        return "app.py in a new interpreter"
+    return None
+
+
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Which test is running, its fixtures' set-up and tear-down included (for the guard below)."""
+    _running.append(item)
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
+class _GuardedPopen(subprocess.Popen):
+    """subprocess.Popen (and so subprocess.run) refusing a consumer's program in an unmarked test."""
+
+    def __init__(self, args, *rest, **kwargs):
+        test = _running[-1] if _running else None
+        program = consumer_program(args)
+        if program and test is not None and not any(test.get_closest_marker(m) for m in COST_MARKERS):
+            pytest.fail(
+                f"{test.nodeid} runs {program}: mark it @pytest.mark.consumer "
+                "(make test-unit leaves such tests to make test-consumers and make test)",
+                pytrace=False,
+            )
+        super().__init__(args, *rest, **kwargs)
+
+
+_POPEN = subprocess.Popen
+
+
+def pytest_configure(config):
+    subprocess.Popen = _GuardedPopen  # type: ignore[misc]
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen = _POPEN  # type: ignore[misc]
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

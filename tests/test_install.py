@@ -15,9 +15,15 @@ import subprocess
 import sys
 from importlib import metadata
 
+import pytest
 from packaging.requirements import Requirement
 
 from tests.conftest import CONFIG_DIR, ROOT
+
+# Seconds per test (app.py and the commands behind make, each in a new interpreter held to
+# requirements.txt):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
 
 
 def _name(text: str) -> str:

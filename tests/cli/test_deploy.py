@@ -19,6 +19,10 @@ from tests.preview.conftest import dev
 from tests.preview.test_upgrade import DEPLOYED
 from verify.kube import RecordedKube
 
+# Seconds per test (make deploy's flow: the CDK CLI synthesizes and diffs):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 
 def write_config(tmp_path, **decode_changes) -> str:
     data = dev()

@@ -46,6 +46,7 @@ def dev_assembly(synthesized):
     return outdir
 
 
+@pytest.mark.consumer  # the CDK CLI's diff
 def test_a_deployed_stack_with_no_edit_previews_no_change(dev_assembly, capsys):
     template = (dev_assembly / "pd-dev-pd-serving.template.json").read_text()
     client, stubber = cloudformation({"TemplateBody": template})
@@ -93,6 +94,7 @@ def test_a_template_that_is_not_this_stacks_is_refused_in_one_line(dev_assembly,
     assert "\n" not in err and why in err
 
 
+@pytest.mark.consumer  # the CDK CLI's diff
 def test_a_stateful_replacement_needs_the_confirmation_flag(dev_assembly, variant, tmp_path, capsys):
     from tests.preview.catalog import CATALOG
 

@@ -16,6 +16,10 @@ from config.versions import HelmChartPin
 from consumers import binaries, charts
 from tests.conftest import ROOT, loopback_http_server
 
+# Seconds per test (helm pull and helm repo index):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 
 @pytest.fixture
 def loopback_repository(tmp_path):

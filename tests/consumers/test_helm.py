@@ -13,6 +13,10 @@ from consumers import binaries, charts
 from consumers.template import helm_releases
 from tests.consumers.conftest import TEMPLATES, kube_version, render_release
 
+# Seconds per test (every chart rendered by Helm):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 
 def test_helm_is_the_one_the_kubectl_layer_ships():
     out = subprocess.run([str(binaries.helm()), "version", "--short"], capture_output=True, text=True, check=True)

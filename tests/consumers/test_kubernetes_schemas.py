@@ -14,6 +14,10 @@ from consumers import kubernetes as k8s
 from consumers.template import helm_releases, manifests
 from tests.consumers.conftest import TEMPLATES, kube_version, render_release
 
+# Seconds per test (the charts rendered by Helm, then Kubernetes' schemas):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 
 def objects_of(config, template) -> list[tuple[str, dict]]:
     """(where it comes from, object) for everything the template puts on the cluster."""

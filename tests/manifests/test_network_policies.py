@@ -248,6 +248,7 @@ def test_a_vpc_cni_that_cannot_enforce_them_is_refused():
     )
 
 
+@pytest.mark.consumer  # the chart rendered by Helm
 def test_the_operator_labels_are_the_ones_the_pinned_chart_gives_its_pod():
     """The real Helm renders KubeRay's chart at its pin: the policy's selector matches its pod."""
     from config import versions

@@ -16,6 +16,10 @@ import pytest
 
 from tests.preview.catalog import ADMIN_A, ADMIN_B, CATALOG
 
+# Seconds per test (each rehearsal runs the CDK CLI's diff):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 NODE_TYPES = {"AWS::EKS::Nodegroup", "AWS::EC2::LaunchTemplate"}
 
 

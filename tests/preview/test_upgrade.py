@@ -13,6 +13,10 @@ from tests.conftest import ROOT
 from tests.preview.catalog import ADMIN_A, ADMIN_B
 from tests.preview.conftest import dev, edited
 
+# Seconds per test (the upgrade runs the CDK CLI's diff):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 DEPLOYED = ROOT / "tests" / "fixtures" / "deployed" / "pd-dev-two-admins-2b5a230.template.json"
 
 

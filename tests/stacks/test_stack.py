@@ -131,6 +131,7 @@ def _clean_env(tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.consumer  # the CDK CLI runs app.py
 def test_cdk_cli_synthesizes_without_credentials_or_lookups(tmp_path):
     cdk = ROOT / "node_modules" / ".bin" / "cdk"
     outdir = tmp_path / "out"
@@ -165,6 +166,7 @@ def test_cdk_cli_synthesizes_without_credentials_or_lookups(tmp_path):
     assert not (ROOT / "cdk.context.json").exists() or json.loads((ROOT / "cdk.context.json").read_text()) == {}
 
 
+@pytest.mark.consumer  # app.py in a new interpreter
 def test_bad_config_exits_with_a_message_not_a_trace(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((CONFIG_DIR / "dev.yaml").read_text().replace("g6.8xlarge", "g6.xlarge", 1))

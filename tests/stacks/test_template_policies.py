@@ -30,6 +30,10 @@ from consumers.binaries import MissingTool, cfn_guard
 from tests.cdk_constructs.test_hf_token import gated_data
 from tests.conftest import CONFIG_DIR, ROOT, SHIPPED_ENVIRONMENTS, with_changes
 
+# Seconds per test (checkov and cfn-guard over every template):
+# make test-unit leaves this file to make test-consumers and make test.
+pytestmark = pytest.mark.consumer
+
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 TIMEOUT_S = 600
 
