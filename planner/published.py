@@ -112,9 +112,12 @@ PUBLISHED: list[Published] = [
         measured={"output tokens/s": -0.047, "mean TTFT": -0.045, "P99 TTFT": 1.334, "mean ITL": -0.298},
         predict=lambda: _mooncake(8192, 1.0, 4, 50),
         misses={
-            "mean TTFT": "the model's mixed step is the longer of compute and memory, as if a prompt chunk "
-            "and the decode batch beside it overlapped perfectly, so aggregated prefills come out faster "
-            "than they ran, and P/D's one prefill instance queues where two aggregated ones did not"
+            "mean TTFT": "not the step arithmetic (every step as compute plus memory, not the longer of the "
+            "two, gives +95 % instead of +97 %): of the 0.51 s the model puts between P/D's first token "
+            "and aggregated's (1.03 s against 0.52 s), 0.27 s is this prompt's KV over the assumed TCP link "
+            "and its host copies and most of the other 0.24 s the wait for the one prefill instance where "
+            "aggregated has two; the source names neither its link nor why its aggregated first tokens "
+            "came as late as P/D's"
         },
     ),
     Published(
