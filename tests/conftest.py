@@ -86,6 +86,23 @@ RAYSERVICE_CRD_SHA256 = "0a8fc325e6e22b9231c1f282b309555e2ecf94227ca20a03df3d1d9
 SHIPPED_ENVIRONMENTS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("local"))
 
 
+def checked_schema_validator(schema: dict):
+    """A validator of ``schema``, the schema itself checked once here: jsonschema.validate checks it
+    again on every call, which takes seconds for a CRD's schema."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+def best_schema_error(validator, instance):
+    """What jsonschema.validate would raise for ``instance`` (its best-matching error), or None."""
+    import jsonschema
+
+    return jsonschema.exceptions.best_match(validator.iter_errors(instance))
+
+
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory):
     """Synthesize an environment by name (once per session) and return (config, stack, template)."""

@@ -21,6 +21,8 @@ from tests.conftest import (
     RAYSERVICE_CRD_SHA256,
     ROOT,
     SHIPPED_ENVIRONMENTS,
+    best_schema_error,
+    checked_schema_validator,
     rendered_ray_service,
     synth_variant,
     with_changes,
@@ -35,23 +37,20 @@ def test_vendored_crd_is_kuberay_170_verbatim():
 
 @pytest.fixture(scope="module")
 def rayservice_schema():
-    """KubeRay's RayService schema as a validator, the schema itself checked once here
-    (jsonschema.validate would check it again on every call: seconds for a schema this size)."""
+    """KubeRay's RayService schema as a validator (checked_schema_validator)."""
     from consumers.kubernetes import strict_structural
 
     crd = yaml.load(RAYSERVICE_CRD.read_text(), Loader=yaml.CSafeLoader)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = copy.deepcopy(v1["schema"]["openAPIV3Schema"])
     strict_structural(schema)
-    validator = jsonschema.validators.validator_for(schema)
-    validator.check_schema(schema)
-    return validator(schema)
+    return checked_schema_validator(schema)
 
 
 def validate(schema, manifest) -> None:
     """jsonschema.validate's answer (the best-matching error, raised) without checking the schema again."""
     body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")}
-    error = jsonschema.exceptions.best_match(schema.iter_errors(body))
+    error = best_schema_error(schema, body)
     if error is not None:
         raise error
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RAYSERVICE_CRD
+from tests.conftest import RAYSERVICE_CRD, best_schema_error, checked_schema_validator
 from verify import checks
 from verify.kube import KubectlRunner, KubeError, RecordedKube, RecordingKube
 
@@ -68,24 +68,17 @@ def test_rayservice_without_the_configured_app_fails():
 
 @pytest.fixture(scope="module")
 def rayservice_status_validator():
-    """KubeRay's schema of a RayService's status, itself checked once (jsonschema.validate would
-    check it again on every call, which takes seconds for a schema this size)."""
-    import jsonschema
+    """KubeRay's schema of a RayService's status as a validator (checked_schema_validator)."""
     import yaml
 
     crd = yaml.load(CRD.read_text(), Loader=yaml.CSafeLoader)
     v1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    schema = v1["schema"]["openAPIV3Schema"]["properties"]["status"]
-    validator = jsonschema.validators.validator_for(schema)
-    validator.check_schema(schema)
-    return validator(schema)
+    return checked_schema_validator(v1["schema"]["openAPIV3Schema"]["properties"]["status"])
 
 
 @pytest.mark.parametrize("status_of", [rayservice, lambda: load("rayservice_not_ready.json")])
 def test_recorded_rayservice_status_matches_the_kuberay_crd(rayservice_status_validator, status_of):
-    import jsonschema
-
-    error = jsonschema.exceptions.best_match(rayservice_status_validator.iter_errors(status_of()["status"]))
+    error = best_schema_error(rayservice_status_validator, status_of()["status"])
     assert error is None, error
 
 
