@@ -4,7 +4,9 @@ Requests arrive by a Poisson process (``rate``) or from ``concurrency`` clients 
 next request when the last one ends. Every engine replica runs vLLM's loop as the planner models
 it (planner/performance.py): a request is admitted when a sequence slot and KV cache for its prompt
 and output are free; each step gives a token to every running sequence and fills the rest of the
-token budget with prompt chunks (chunked prefill). In P/D a prefill replica computes the prompt
+token budget with prompt chunks (chunked prefill). An engine that does not mix the two (SGLang's
+default, vLLM before chunked prefill) runs a step of prompt chunks alone whenever one is waiting, and
+gives the running sequences their tokens only in the steps between. In P/D a prefill replica computes the prompt
 (its one sampled token is dropped, as Ray's P/D does), the KV cache crosses the link, and decode's
 first step on the request gives its first token. With selective P/D a prompt shorter than the
 threshold is prefilled by decode itself. Requests go to the replica with the fewest in flight.
@@ -78,6 +80,11 @@ class EngineSpec:
     kv_capacity_tokens: int
     max_num_seqs: int = 256
     token_budget: int = 2048
+    # vLLM V1 (the engines this project deploys) puts prompt chunks and the running sequences' tokens
+    # in one step. SGLang without --enable-mixed-chunk (its default; server_args.py) and vLLM 0.3's
+    # scheduler (vllm/core/scheduler.py, `_schedule` returns a prompt_run before it schedules any
+    # decode) run waiting prompts first, in a step of their own: decoding pauses while they run.
+    mixed_batches: bool = True
 
 
 class Engine:
@@ -113,6 +120,8 @@ class Engine:
                 context += request.prompt + request.generated
             else:
                 pending.append(request)
+        if pending and not self.spec.mixed_batches:
+            decoding, context = [], 0
         budget = self.spec.token_budget - len(decoding)
         chunks: list[tuple[Request, int]] = []
         tokens, attention, offsets = 0, 0.0, 0

@@ -14,7 +14,7 @@ from planner.calibration import fit, single_request_ttft
 from planner.errors import PlanningError
 from planner.models import KNOWN_MODELS
 from planner.performance import EFFICIENCY, Device, Link, StepCost
-from planner.simulate import EngineSpec, Slo, Workload, simulate
+from planner.simulate import Engine, EngineSpec, Request, Slo, Workload, simulate
 
 QWEN = KNOWN_MODELS["qwen/qwen2.5-7b-instruct"]
 G6 = INSTANCES["g6.8xlarge"]
@@ -95,6 +95,31 @@ def test_prefill_in_decodes_batch_is_what_p_d_removes_from_the_inter_token_laten
     # P/D's first token waits for the transfer; on equal GPUs the throughput is close.
     assert pd.ttft_ms[50] > colocated.ttft_ms[50] * 0.5
     assert pd.output_tokens_per_s == pytest.approx(colocated.output_tokens_per_s, rel=0.25)
+
+
+def test_an_engine_that_does_not_mix_runs_a_waiting_prompt_alone_while_the_streams_wait():
+    cost = l4_cost()
+
+    def first_step(mixed: bool) -> tuple[float | None, Request, Request, Engine]:
+        replica = Engine(replace(engine(cost), mixed_batches=mixed), "colocated")
+        streaming = Request(0, 1000, 64, 0.0, prefilled=1000, generated=1)
+        arriving = Request(1, 2000, 64, 0.0)
+        replica.running.append(streaming)
+        replica.kv_used = 1064
+        replica.waiting.append(arriving)
+        return replica.start_step(), streaming, arriving, replica
+
+    # vLLM V1: the stream's next token and the whole prompt in one step.
+    seconds, streaming, arriving, replica = first_step(mixed=True)
+    assert replica.batch == ([streaming], [(arriving, 2000)])
+    assert seconds == pytest.approx(cost.seconds([1001], [(0, 2000)]))
+    # SGLang's default and vLLM 0.3: the prompt alone; the stream gets its token a step later.
+    seconds, streaming, arriving, replica = first_step(mixed=False)
+    assert replica.batch == ([], [(arriving, 2000)])
+    assert seconds == pytest.approx(cost.seconds([], [(0, 2000)]))
+    replica.finish_step(seconds)
+    assert streaming.generated == 1 and arriving.generated == 1
+    assert replica.start_step() == pytest.approx(cost.seconds([1001, 2001], []))
 
 
 def test_selective_pd_below_the_threshold_costs_what_colocated_does():

@@ -5,9 +5,12 @@ except the misses each entry names with their likely reason. The sizes and their
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from planner.published import PUBLISHED, agrees, render
+from planner.published import PUBLISHED, agrees, attains, render
+from planner.simulate import Outcome
 
 
 @pytest.mark.parametrize("entry", PUBLISHED, ids=lambda e: e.name)
@@ -28,3 +31,23 @@ def test_the_report_names_each_source_and_effect():
     assert f"| {entry.name} | mean ITL | -30% | -30% | same | +0% |" in text
     assert f"| {entry.name} | output tokens/s | -5% | -5% | both negligible | +0 points |" in text
     assert all(e.source.startswith("https://") for e in PUBLISHED)
+
+
+def test_goodput_as_distserve_counts_it_is_the_share_of_requests_within_both_targets():
+    served = Outcome(
+        {},
+        {},
+        0.0,
+        0.0,
+        0.0,
+        goodput_rps=9.0,
+        requests_per_s=10.0,
+        meets_slo=False,
+        saturated=False,
+        mean_decode_batch=0.0,
+        requests=100,
+    )
+    # Each latency's own percentile (meets_slo) plays no part: only the requests within both.
+    assert attains(0.9)(served)
+    assert not attains(0.9)(replace(served, goodput_rps=8.9))
+    assert not attains(0.9)(replace(served, saturated=True))
