@@ -34,7 +34,7 @@ def sweep(say=print, timeout: float = SWEEP_SECONDS) -> set[int]:
         names = ", ".join(p.describe() for p in stopped[:4]) + (
             f" and {len(stopped) - 4} more" if len(stopped) > 4 else ""
         )
-        segments = f"; removed {len(removed)} shared-memory segment(s) they held" if removed else ""
+        segments = f"; removed {len(removed)} shared-memory file(s) they held" if removed else ""
         say(
             f"stopped {len(stopped)} process(es) left by an earlier local run that did not shut down: {names}"
             + segments

@@ -29,7 +29,9 @@ PROC = Path("/proc")
 # POSIX shared memory (shm_open) lives here as files, and outlives every process that mapped it
 # until someone unlinks it. vLLM's message queues between an engine and its workers are such
 # segments (psm_*): the engine unlinks them when it exits cleanly, and one that is killed (and
-# Python's resource tracker with it) leaves them until the machine restarts. A stopped run
+# Python's resource tracker with it) leaves them until the machine restarts. So do named
+# semaphores (sem.mp-*; tqdm's lock in vLLM's worker is one): the resource tracker that would
+# remove them ignores SIGTERM and dies by SIGKILL with the rest of the run. A stopped run
 # removes those its processes mapped.
 SHARED_MEMORY = Path("/dev/shm")
 # The process that started this one, read as this module is imported (the server imports it
@@ -219,8 +221,12 @@ def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0, shared_memory
 
 
 def shared_memory_of(pids: Iterable[int]) -> set[Path]:
-    """The shared-memory segments (files under SHARED_MEMORY, not yet unlinked) the processes map."""
-    found: set[Path] = set()
+    """The files under SHARED_MEMORY the processes map (shared-memory segments and named semaphores).
+
+    Read by inode, not by the path /proc shows: glibc's sem_open creates a semaphore under a
+    temporary name, maps it, links it as its real name and unlinks the temporary one, so its
+    creator's mapping reads "/dev/shm/sem.XXXXXX (deleted)" for as long as the semaphore lives."""
+    inodes: set[int] = set()
     prefix = f"{SHARED_MEMORY}/"
     for pid in pids:
         try:
@@ -229,8 +235,21 @@ def shared_memory_of(pids: Iterable[int]) -> set[Path]:
             continue
         for line in maps.splitlines():
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(prefix) and not fields[5].endswith(" (deleted)"):
-                found.add(Path(fields[5]))
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                inodes.add(int(fields[4]))
+    if not inodes:
+        return set()
+    found: set[Path] = set()
+    try:
+        entries = list(os.scandir(SHARED_MEMORY))
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            if entry.inode() in inodes and entry.is_file(follow_symlinks=False):
+                found.add(Path(entry.path))
+        except OSError:  # removed meanwhile
+            continue
     return found
 
 

@@ -3,6 +3,7 @@ no server, a few seconds in all. Every wait is bounded; every process started he
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import socket
@@ -57,6 +58,19 @@ for segment in [created, *attached]:
     resource_tracker.unregister(segment._name, "shared_memory")
 open(sys.argv[1], "w").write(created.name)
 print("mapped", flush=True)
+time.sleep(120)
+"""
+
+# A stand-in for vLLM's worker: it holds a named semaphore (a multiprocessing lock outside a fork
+# context, as tqdm makes one there) and writes its file's name to argv[1]. Its resource tracker is
+# told to forget it, as the tracker a stopped run's SIGKILL takes along would.
+SEMAPHORE_HOLDER = """
+import multiprocessing, sys, time
+from multiprocessing import resource_tracker
+lock = multiprocessing.get_context("spawn").Lock()
+resource_tracker.unregister(lock._semlock.name, "semaphore")
+open(sys.argv[1], "w").write("sem." + lock._semlock.name.lstrip("/"))
+print("holding", flush=True)
 time.sleep(120)
 """
 
@@ -181,6 +195,31 @@ def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others
             own.unlink(missing_ok=True)
 
 
+def test_a_stopped_run_removes_the_named_semaphores_it_created_and_keeps_anothers(tmp_path):
+    # This process's own lock: its creator maps it under glibc's temporary name, as the run's does.
+    bystander = multiprocessing.get_context("spawn").Lock()
+    theirs = lifecycle.SHARED_MEMORY / ("sem." + bystander._semlock.name.lstrip("/"))
+    name_file = tmp_path / "semaphore"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SEMAPHORE_HOLDER, str(name_file)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    own = None
+    try:
+        assert run.stdout.readline().strip() == b"holding"
+        own = lifecycle.SHARED_MEMORY / name_file.read_text()
+        assert own.exists() and theirs.exists()
+        assert lifecycle.shared_memory_of([run.pid]) == {own}
+        assert theirs in lifecycle.shared_memory_of([os.getpid()])
+        assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15) == []
+        assert not own.exists(), "the run's semaphore outlived the run"
+        assert theirs.exists(), "a semaphore still in use was removed"
+    finally:
+        kill(run.pid)
+        run.wait(10)
+        if own is not None:
+            own.unlink(missing_ok=True)
+
+
 def test_the_next_start_removes_the_shared_memory_a_killed_runs_leftovers_held(tmp_path, monkeypatch):
     name_file = tmp_path / "segment"
     with killed_run(tmp_path, monkeypatch, SEGMENT_HOLDER, str(name_file)) as left:
@@ -188,7 +227,7 @@ def test_the_next_start_removes_the_shared_memory_a_killed_runs_leftovers_held(t
         try:
             said = []
             assert left in leftovers.sweep(say=said.append)
-            assert said[0].endswith("; removed 1 shared-memory segment(s) they held")
+            assert said[0].endswith("; removed 1 shared-memory file(s) they held")
             assert not own.exists()
         finally:
             own.unlink(missing_ok=True)
