@@ -210,7 +210,7 @@ def advise(inputs: AdvisorInputs, workload: Workload, slo: Slo) -> Advice:
         recommended=best,
         candidates=candidates,
         recommended_min_prompt_tokens=threshold if best.mode == "disaggregated" else 0,
-        reason=_reason(best, colocated, disaggregated, slo),
+        reason=_reason(best, colocated, disaggregated, slo, candidates),
         assumptions={
             "efficiency": decode.cost.device.efficiency.__dict__,
             "kv_link_gbit_per_s": round(link.network_bytes_per_s * 8 / 1e9, 2),
@@ -230,14 +230,27 @@ def _best(candidates: list[Candidate]) -> Candidate:
     return min(close, key=lambda c: (c.mode != "colocated", c.gpus, c.min_prompt_tokens != 0, -c.goodput_per_gpu))
 
 
-def _reason(best: Candidate, colocated: Candidate, disaggregated: Candidate, slo: Slo) -> str:
+def _reason(
+    best: Candidate, colocated: Candidate, disaggregated: Candidate, slo: Slo, candidates: list[Candidate]
+) -> str:
     other = disaggregated if best.mode == "colocated" else colocated
     if other is best:
         other = colocated if best.mode == "colocated" and colocated is not best else disaggregated
     b, o = best.outcome, other.outcome
     target = f"TTFT p{slo.percentile} ≤ {slo.ttft_ms:g} ms and ITL p{slo.percentile} ≤ {slo.itl_ms:g} ms"
     if b.meets_slo and not o.meets_slo:
-        why = f"only it meets {target} (the best {other.mode} candidate, {other.split}, does not)"
+        # `other` is the other mode on as many GPUs; more of them may meet the targets at a higher
+        # cost per good request, and saying "only" would then be wrong.
+        meeting = [c for c in candidates if c.mode == other.mode and c.outcome.meets_slo]
+        if meeting:
+            cheapest = min(meeting, key=lambda c: (c.gpus, -c.goodput_per_gpu))
+            why = (
+                f"it meets {target} where {other.split} on {other.gpus} GPU(s) does not; the smallest "
+                f"{other.mode} candidate that does, {cheapest.split} on {cheapest.gpus} GPU(s), has "
+                f"{cheapest.goodput_per_gpu:.3f} good requests/s per GPU against {best.goodput_per_gpu:.3f}"
+            )
+        else:
+            why = f"only {best.mode} meets {target}: no {other.mode} candidate does"
     elif not b.meets_slo:
         why = f"no candidate meets {target}; it has the most goodput per GPU"
     else:

@@ -248,3 +248,21 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
 def test_calibration_without_both_modes_says_what_to_run():
     with pytest.raises(PlanningError, match="TTFT probe of both modes: run `make bench-compare`"):
         fit({"ttft_probe": {"colocated": {"20": 30.0}}}, l4_cost(), 2048, g6_link())
+
+
+def test_the_reason_says_only_when_no_candidate_of_the_other_mode_meets_the_targets():
+    workload, slo = Workload(4096, 256, 0.25, concurrency=8, requests=100), Slo(3000, 100, 99)
+    advice = advise(inputs(), workload, slo)
+    meeting = [c for c in advice.candidates if c.mode == "colocated" and c.outcome.meets_slo]
+    assert advice.recommended.mode == "disaggregated" and not advice.colocated.outcome.meets_slo
+    # Colocated on as many GPUs misses the p99 ITL; more replicas meet it, at a higher cost per request.
+    smallest = min(meeting, key=lambda c: c.gpus)
+    assert smallest.goodput_per_gpu < advice.recommended.goodput_per_gpu
+    assert "only" not in advice.reason
+    assert f"the smallest colocated candidate that does, {smallest.split} on {smallest.gpus} GPU(s)" in advice.reason
+    # One node per group: two colocated replicas at most, and neither meets it.
+    alone = advise(inputs(prefill_max_nodes=1, decode_max_nodes=1), workload, slo)
+    assert not any(c.outcome.meets_slo for c in alone.candidates if c.mode == "colocated")
+    assert (
+        "only disaggregated meets TTFT p99 ≤ 3000 ms and ITL p99 ≤ 100 ms: no colocated candidate does" in alone.reason
+    )
