@@ -23,7 +23,9 @@ The run looks after itself:
 - it never outlives what started it: when that process goes away (a closed terminal, a killed
   make, a CI runner's SIGKILL), the run stops within seconds;
 - start-up is bounded: if the app is not ready within ``--ready-timeout``, or a replica dies on
-  the way, it exits non-zero naming the deployment and the first error line of its replica log.
+  the way, it exits non-zero naming the deployment and the first error line of its replica log;
+- ``kill -USR1 <pid>`` writes the stack of every one of its threads to its output, whatever the
+  main thread is doing: what to look at when it does not stop as promised.
 
 With ``--code-from-asset CONFIG`` the code comes the way the cluster gets it: the environment is
 synthesized, the CDK CLI publishes its assets to an S3 server on loopback (moto), and Serve
@@ -49,8 +51,10 @@ The parts: ``paths`` (the run's files), ``ports``, ``leftovers``, ``assets`` (lo
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import shutil
+import signal
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -113,6 +117,9 @@ def cpus_needed(spec: ServingSpec) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     parent = lifecycle.become_session_leader()
+    # faulthandler writes from its C signal handler, without the GIL: it shows a run stuck where no
+    # Python code can run, not even the shutdown's own threads.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     shutdown.install_signal_handlers()
     lifecycle.watch_parent(parent, shutdown.parent_gone)
     spec = local_spec(Path(args.spec), args.mode, args.nixl_port_base)

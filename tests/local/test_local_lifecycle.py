@@ -13,13 +13,14 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from local import lifecycle
 from local.harness import session_processes
 from local.paths import RUN_DIR, RUN_RECORD
-from local.ports import port_free
+from local.ports import port_free, port_holder
 from tests.conftest import ROOT
 from tests.local.conftest import LIVE_SERVERS, openai_client, report_measurement
 
@@ -101,14 +102,63 @@ def server_process(
                 process.wait(10)
 
 
-def wait_for(condition, timeout: float, what: str):
+def wait_for(condition, timeout: float, what: str, left=None):
+    """Waits for ``condition()``; on timeout, the failure names what ``left()`` says is still in the way."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+    raise AssertionError(f"{what} did not happen within {timeout:.0f} s" + (f"; still there: {left()}" if left else ""))
+
+
+TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
+
+
+def describe_port(port: int) -> str:
+    """A port that is not free, with the state of every socket on it (/proc/net/tcp) and its holder."""
+    states = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                states.append(TCP_STATES.get(fields[3], fields[3]))
+    holder = port_holder(port)
+    return f"port {port} ({', '.join(states) or 'no socket seen'}; held by {holder.describe() if holder else 'no visible process'})"
+
+
+def stuck_report(pid: int, log: Path) -> str:
+    """What a server that did not stop was doing: each thread's state and kernel wait, the signals
+    pending and blocked, and the Python stacks it writes on SIGUSR1 (faulthandler, local/server.py)."""
+    threads = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")) if Path(f"/proc/{pid}").exists() else []:
+        task = Path(f"/proc/{pid}/task/{tid}")
+        try:
+            status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+            threads.append(
+                f"{tid} {status.get('Name', '?')} {status.get('State', '?')} wchan={(task / 'wchan').read_text()} "
+                f"pending={status.get('SigPnd')}/{status.get('ShdPnd')} blocked={status.get('SigBlk')}"
+            )
+        except OSError:
+            continue
+    if threads:
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+    tail = log.read_text(errors="replace").splitlines()[-80:]
+    return "\n".join(["threads:", *threads, f"last lines of {log.name}:", *tail])
 
 
 def run_mark() -> str | None:
@@ -154,7 +204,14 @@ def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
         )
         sent = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
-        code = process.wait(30)
+        try:
+            code = process.wait(30)
+        except subprocess.TimeoutExpired:
+            stuck = stuck_report(process.pid, RUN_DIR / "sigint-startup.log")
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+            sweep(mark)
+            pytest.fail(f"the server did not exit within 30 s of Ctrl-C\n{stuck}")
         stopped_after = time.monotonic() - sent
     remaining = lifecycle.run_processes(mark)
     sweep(mark)
@@ -227,14 +284,19 @@ def test_the_run_stops_within_seconds_once_what_started_it_is_killed(kind, tmp_p
         os.kill(wrapper.pid, signal.SIGKILL)
         wrapper.wait(10)
 
-        def all_gone():
-            return (
-                not lifecycle.run_processes(mark)
-                and not any(lifecycle.alive(p) for p in started_by_wrapper)
-                and all(port_free(port) for port in record["ports"])
-            )
+        def still_there() -> list[str]:
+            return [
+                f"pid {p} {lifecycle.command_of(p)}"
+                for p in sorted(set(lifecycle.run_processes(mark)) | set(started_by_wrapper))
+                if lifecycle.alive(p)
+            ] + [describe_port(port) for port in record["ports"] if not port_free(port)]
 
-        wait_for(all_gone, 20, "every process of the run gone and its ports free")
+        def report() -> str:
+            server = record["pid"]
+            stuck = stuck_report(server, RUN_DIR / f"parent-killed-{kind}.log") if lifecycle.alive(server) else ""
+            return f"{still_there()}\n{stuck}"
+
+        wait_for(lambda: not still_there(), 20, "every process of the run gone and its ports free", report)
         gone_after = time.monotonic() - killed
     finally:
         if wrapper.poll() is None:
@@ -290,8 +352,16 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
 
 def test_start_up_that_cannot_finish_in_time_exits_naming_what_is_not_ready():
     with server_process("--ready-timeout", "15", log_name="ready-timeout.log") as process:
+        mark = wait_for(lambda: (m := run_mark()) and m.startswith(f"{process.pid}-") and m, 60, "the run record")
+        wait_for(
+            lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)), 90, "Ray's raylet"
+        )
+        # Mid-start, as when a stop does not happen: what a failing test reports (SIGUSR1's stacks).
+        stuck = stuck_report(process.pid, RUN_DIR / "ready-timeout.log")
         code = process.wait(120)
     output = (RUN_DIR / "ready-timeout.log").read_text()
+    assert "most recent call first" in stuck and 'local/server.py", line' in stuck, stuck
+    assert "threads:\n" in stuck and " wchan=" in stuck
     assert code == 1
     assert "local server: the Serve app is not ready within the ready timeout:" in output
     assert "Decode:tiny-llama" in output or "Prefill:tiny-llama" in output or "application llm" in output
