@@ -124,9 +124,6 @@ def alive(pid: int) -> bool:
     )
 
 
-_alive = alive  # the name this had before it looked at threads
-
-
 def marked_processes(mark: str | None = None) -> dict[str, list[int]]:
     """Living processes that carry a run mark, by mark (only ``mark`` when given)."""
     found: dict[str, list[int]] = {}
@@ -371,12 +368,3 @@ def watch_parent(
     _set_parent_death_signal(PARENT_DEATH_SIGNAL)
     # Started after the signal was asked for: a parent that died before is seen by its first check.
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def __getattr__(name: str):
-    # Ports have a module of their own now (local/ports.py); these names stay for older callers.
-    if name in ("port_free", "port_holder"):
-        from local import ports
-
-        return getattr(ports, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
