@@ -28,8 +28,25 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _listening_inodes(port: int) -> set[str]:
-    inodes = set()
+# The kernel's TCP states, as /proc/net/tcp writes them (include/net/tcp_states.h).
+TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
+
+
+def sockets_on(port: int) -> list[tuple[str, str]]:
+    """(state, inode) of every TCP socket whose local port is ``port`` (/proc/net/tcp and tcp6)."""
+    found = []
     for table in ("tcp", "tcp6"):
         try:
             lines = (PROC / "net" / table).read_text().splitlines()[1:]
@@ -37,10 +54,13 @@ def _listening_inodes(port: int) -> set[str]:
             continue
         for line in lines:
             fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # 0A: LISTEN
-                inodes.add(inode)
-    return inodes
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.append((TCP_STATES.get(fields[3], fields[3]), fields[9]))
+    return found
+
+
+def _listening_inodes(port: int) -> set[str]:
+    return {inode for state, inode in sockets_on(port) if state == "LISTEN"}
 
 
 def _fd_dirs(entry):

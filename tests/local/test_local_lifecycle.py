@@ -20,7 +20,7 @@ import pytest
 from local import lifecycle
 from local.harness import session_processes
 from local.paths import RUN_DIR, RUN_RECORD
-from local.ports import port_free, port_holder
+from local.ports import port_free, port_holder, sockets_on
 from tests.conftest import ROOT
 from tests.local.conftest import LIVE_SERVERS, openai_client, report_measurement
 
@@ -113,31 +113,11 @@ def wait_for(condition, timeout: float, what: str, left=None):
     raise AssertionError(f"{what} did not happen within {timeout:.0f} s" + (f"; still there: {left()}" if left else ""))
 
 
-TCP_STATES = {
-    "01": "ESTABLISHED",
-    "02": "SYN_SENT",
-    "03": "SYN_RECV",
-    "04": "FIN_WAIT1",
-    "05": "FIN_WAIT2",
-    "06": "TIME_WAIT",
-    "07": "CLOSE",
-    "08": "CLOSE_WAIT",
-    "09": "LAST_ACK",
-    "0A": "LISTEN",
-    "0B": "CLOSING",
-}
-
-
 def describe_port(port: int) -> str:
-    """A port that is not free, with the state of every socket on it (/proc/net/tcp) and its holder."""
-    states = []
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                states.append(TCP_STATES.get(fields[3], fields[3]))
+    """A port that is not free, with the state of every socket on it and its holder."""
+    states = ", ".join(state for state, _ in sockets_on(port)) or "no socket seen"
     holder = port_holder(port)
-    return f"port {port} ({', '.join(states) or 'no socket seen'}; held by {holder.describe() if holder else 'no visible process'})"
+    return f"port {port} ({states}; held by {holder.describe() if holder else 'no visible process'})"
 
 
 def stuck_report(pid: int, log: Path) -> str:
@@ -159,6 +139,19 @@ def stuck_report(pid: int, log: Path) -> str:
         time.sleep(2)
     tail = log.read_text(errors="replace").splitlines()[-80:]
     return "\n".join(["threads:", *threads, f"last lines of {log.name}:", *tail])
+
+
+def run_of(server_pid: int) -> str:
+    """The run mark of the server ``server_pid``, once its run record is written."""
+    return wait_for(lambda: (m := run_mark()) and m.startswith(f"{server_pid}-") and m, 60, "the run record")
+
+
+def wait_for_raylet(mark: str) -> str:
+    """Returns ``mark`` once the run has started Ray's raylet: Ray is up, the engines are not yet."""
+    wait_for(
+        lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)), 90, "Ray's raylet"
+    )
+    return mark
 
 
 def run_mark() -> str | None:
@@ -197,11 +190,8 @@ def test_a_port_in_the_way_is_named_with_its_holder_at_once(busy, named):
 
 def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
     with server_process(log_name="sigint-startup.log") as process:
-        mark = wait_for(lambda: (m := run_mark()) and m.startswith(f"{process.pid}-") and m, 60, "the run record")
         # Ray is up but the engines are not: the moment the old server ignored Ctrl-C.
-        wait_for(
-            lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)), 90, "Ray's raylet"
-        )
+        mark = wait_for_raylet(run_of(process.pid))
         sent = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
         try:
@@ -270,9 +260,7 @@ def test_the_run_stops_within_seconds_once_what_started_it_is_killed(kind, tmp_p
     try:
         mark = wait_for(lambda: (m := run_mark()) != before and m, 60, "the run record")
         record = json.loads(RUN_RECORD.read_text())
-        wait_for(
-            lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)), 90, "Ray's raylet"
-        )
+        wait_for_raylet(mark)
         started_by_wrapper = children(wrapper.pid)  # the server, or (make) the process in front of it
         if kind == "python":
             assert started_by_wrapper == [record["pid"]]
@@ -320,7 +308,7 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
     with server_process(
         log_name="killed.log", port=settings["port"], metrics_port=settings["metrics_port"], nixl_base=None
     ) as process:
-        mark = wait_for(lambda: (m := run_mark()) and m.startswith(f"{process.pid}-") and m, 60, "the run record")
+        mark = run_of(process.pid)
         # Kill the server once the engines hold their NIXL ports: what they leave in the way.
         wait_for(lambda: not port_free(decode_port), 300, "the decode engine's NIXL port")
         os.kill(process.pid, signal.SIGKILL)
@@ -352,10 +340,7 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
 
 def test_start_up_that_cannot_finish_in_time_exits_naming_what_is_not_ready():
     with server_process("--ready-timeout", "15", log_name="ready-timeout.log") as process:
-        mark = wait_for(lambda: (m := run_mark()) and m.startswith(f"{process.pid}-") and m, 60, "the run record")
-        wait_for(
-            lambda: any("raylet" in lifecycle.command_of(p) for p in lifecycle.run_processes(mark)), 90, "Ray's raylet"
-        )
+        wait_for_raylet(run_of(process.pid))
         # Mid-start, as when a stop does not happen: what a failing test reports (SIGUSR1's stacks).
         stuck = stuck_report(process.pid, RUN_DIR / "ready-timeout.log")
         code = process.wait(120)
