@@ -151,6 +151,12 @@ class Link:
     network_bytes_per_s: float
     staging_bytes_per_s: float | None  # None: GPUDirect RDMA, no host copies
     fixed_s: float = TRANSFER_FIXED_S
+    # False: vLLM's NIXL connector (what this project deploys) moves a prompt's KV once its prefill
+    # is done. True: SGLang's P/D sends each prefill chunk's KV as soon as the chunk is computed,
+    # through one queue per prefill engine that sends a chunk at a time (sglang 2025-04,
+    # disaggregation/prefill.py send_kv_chunk, disaggregation/mooncake/conn.py transfer_thread), so a
+    # long prompt's transfer overlaps its own later chunks, and transfers wait for each other.
+    per_chunk: bool = False
 
     @classmethod
     def between(cls, prefill: InstanceFacts, decode: InstanceFacts, network_efficiency: float) -> Link:
@@ -160,6 +166,11 @@ class Link:
 
     def seconds(self, kv_bytes: float) -> float:
         # vLLM's NIXL connector pulls a request's KV once its prefill is done, so nothing overlaps
-        # with its own prefill; the copies to and from host memory are in series with the wire.
+        # with its own prefill.
+        return self.fixed_s + self.moving_seconds(kv_bytes)
+
+    def moving_seconds(self, kv_bytes: float) -> float:
+        """The bytes on the wire, and the copies to and from host memory in series with it; not the
+        per-request fixed cost."""
         staging = 2 * kv_bytes / self.staging_bytes_per_s if self.staging_bytes_per_s else 0.0
-        return self.fixed_s + kv_bytes / self.network_bytes_per_s + staging
+        return kv_bytes / self.network_bytes_per_s + staging

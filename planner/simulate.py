@@ -6,10 +6,12 @@ it (planner/performance.py): a request is admitted when a sequence slot and KV c
 and output are free; each step gives a token to every running sequence and fills the rest of the
 token budget with prompt chunks (chunked prefill). An engine that does not mix the two (SGLang's
 default, vLLM before chunked prefill) runs a step of prompt chunks alone whenever one is waiting, and
-gives the running sequences their tokens only in the steps between. In P/D a prefill replica computes the prompt
-(its one sampled token is dropped, as Ray's P/D does), the KV cache crosses the link, and decode's
-first step on the request gives its first token. With selective P/D a prompt shorter than the
-threshold is prefilled by decode itself. Requests go to the replica with the fewest in flight.
+gives the running sequences their tokens only in the steps between. In P/D a prefill replica
+computes the prompt (its one sampled token is dropped, as Ray's P/D does), the KV cache crosses the
+link, all of it once the prefill is done (vLLM's NIXL connector) or chunk by chunk as the chunks are
+computed (SGLang's P/D: ``Link.per_chunk``), and decode's first step on the request gives its first
+token. With selective P/D a prompt shorter than the threshold is prefilled by decode itself.
+Requests go to the replica with the fewest in flight.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Engine:
         self.batch: tuple[list[Request], list[tuple[Request, int]]] = ([], [])
         self.steps = 0
         self.decode_batch_total = 0
+        self.sending_until = 0.0  # a prefill engine's queue of chunks to send (Link.per_chunk)
 
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -276,10 +279,18 @@ def simulate(
         else:
             assert isinstance(payload, Engine)
             engine = payload
+            computed = engine.batch[1]
             finished, handed_off = engine.finish_step(now)
-            for request in handed_off:
-                assert link is not None
-                push(now + link.seconds(request.prompt * engine.spec.cost.kv_bytes_per_token), "kv", (request, engine))
+            kv_bytes = engine.spec.cost.kv_bytes_per_token
+            if link is not None and link.per_chunk and engine.role == "prefill":
+                for request, tokens in computed:
+                    engine.sending_until = max(now, engine.sending_until) + link.moving_seconds(tokens * kv_bytes)
+                    if request.prefilled >= request.prompt:
+                        push(engine.sending_until + link.fixed_s, "kv", (request, engine))
+            else:
+                for request in handed_off:
+                    assert link is not None
+                    push(now + link.seconds(request.prompt * kv_bytes), "kv", (request, engine))
             for request in finished:
                 request.done_at = now + overhead / 2
                 if workload.concurrency is not None and len(requests) < workload.requests:

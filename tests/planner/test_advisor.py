@@ -122,6 +122,28 @@ def test_an_engine_that_does_not_mix_runs_a_waiting_prompt_alone_while_the_strea
     assert replica.start_step() == pytest.approx(cost.seconds([1001, 2001], []))
 
 
+@pytest.mark.parametrize("wire_share_of_a_chunk", [0.5, 2.0])
+def test_a_link_that_sends_each_chunk_as_it_is_computed_overlaps_the_transfer_with_the_next_chunk(
+    wire_share_of_a_chunk,
+):
+    cost = l4_cost()
+    chunk = cost.seconds([], [(2048, 2048)])  # the second chunk, whose compute the first one's sending overlaps
+    wire = chunk * wire_share_of_a_chunk  # one chunk's KV on the wire
+    bandwidth = 2048 * cost.kv_bytes_per_token / wire
+    workload = Workload(4096, 2, concurrency=1, requests=1)
+    slo = Slo(10_000, 1_000)
+
+    def ttft_ms(per_chunk: bool) -> float:
+        link = Link(bandwidth, None, 0.004, per_chunk=per_chunk)
+        return simulate(workload, slo, prefill=(engine(cost), 1), decode=(engine(cost), 1), link=link).ttft_ms[50]
+
+    # Whole: both chunks' KV after the prefill. Per chunk: the first chunk's KV goes while the second
+    # is computed, so what is left after the prefill is the last chunk's, or, on a link slower than
+    # a chunk, the first chunk's tail as well (the second waits for it in the engine's queue).
+    saved = wire if wire <= chunk else chunk
+    assert ttft_ms(per_chunk=False) - ttft_ms(per_chunk=True) == pytest.approx(saved * 1e3)
+
+
 def test_selective_pd_below_the_threshold_costs_what_colocated_does():
     workload = Workload(100, 16, concurrency=1, requests=20)
     slo = Slo(10_000, 1_000)
