@@ -1,13 +1,14 @@
 """The advisor's model against published P/D-versus-aggregated measurements.
 
-    python -m planner.published        # the table: measured and predicted effects, and the errors
+    python -m planner.published        # the table: measured and predicted effects, and the errors; about 7 s
 
 Each entry is a run someone published with its hardware, model, lengths and load, the effects they
 measured (P/D against aggregated serving on the same GPUs, as a relative change), and the same run
 in this model: the same GPUs (datasheet peaks, this model's efficiencies for their family), the same
 shapes and load, nothing fitted to the result. What the source leaves out is stated as an
-assumption. tests/planner/test_published.py checks the direction of every effect; the size is
-reported, with its error, as what it is.
+assumption. Each run is simulated once per seed (``SEEDS``), and an effect is judged by its median.
+tests/planner/test_published.py checks the direction of every effect; the size is reported, with
+its error and the seeds' range, as what it is.
 """
 
 from __future__ import annotations
