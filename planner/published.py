@@ -119,10 +119,13 @@ def _distserve_blog(seed: int) -> dict[str, float]:
     return {"goodput per GPU": _change(pd / 3, colocated / 1)}
 
 
+# Both Mooncake entries come from one page, cited at the commit that added it (it has moved since).
+MOONCAKE_PAGE = "https://github.com/kvcache-ai/Mooncake/blob/488a952e45d40cf1d1a898ae3e173fa7b7e78835/doc/en/sglang-benchmark-results-v1.md"
+
 PUBLISHED: list[Published] = [
     Published(
         name="Mooncake + SGLang, 8k/512",
-        source="https://github.com/kvcache-ai/Mooncake/blob/488a952e45d40cf1d1a898ae3e173fa7b7e78835/doc/en/sglang-benchmark-results-v1.md",
+        source=MOONCAKE_PAGE,
         setup="two A10 servers, Qwen2.5-7B-Instruct-GPTQ-Int4, TP4 per instance, 1P1D against 2 regular "
         "instances, 8192 in / 512 out, 1.0 request/s, 50 prompts",
         assumptions="fixed lengths; a 25 Gbit/s link (the NIC is not stated) that writes the KV straight "
@@ -144,7 +147,7 @@ PUBLISHED: list[Published] = [
     ),
     Published(
         name="Mooncake + SGLang, 2k/512",
-        source="https://github.com/kvcache-ai/Mooncake/blob/488a952e45d40cf1d1a898ae3e173fa7b7e78835/doc/en/sglang-benchmark-results-v1.md",
+        source=MOONCAKE_PAGE,
         setup="two A10 servers, Qwen2.5-7B-Instruct-GPTQ-Int4, TP2 per instance, 1P1D against 2 regular "
         "instances, 2048 in / 512 out, 4.0 requests/s, 200 prompts",
         assumptions="as above",
@@ -177,10 +180,6 @@ def predict(entry: Published, seeds: tuple[int, ...] = SEEDS) -> dict[str, list[
     return {effect: sorted(run[effect] for run in runs) for effect in runs[0]}
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def compare() -> list[tuple[Published, dict[str, list[float]]]]:
     return [(entry, predict(entry)) for entry in PUBLISHED]
 
@@ -204,7 +203,7 @@ def render(rows: list[tuple[Published, dict[str, list[float]]]]) -> str:
     ]
     for entry, predicted in rows:
         for effect, measured in entry.measured.items():
-            p = median(predicted[effect])
+            p = statistics.median(predicted[effect])
             spread = f"{predicted[effect][0]:+.0%} to {predicted[effect][-1]:+.0%}"
             if abs(measured) < NEGLIGIBLE:
                 verdict = "both negligible" if agrees(measured, p) else "NOT negligible"

@@ -5,11 +5,12 @@ The sizes and their errors are a report (`python -m planner.published`), not a p
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
 import pytest
 
-from planner.published import PUBLISHED, agrees, attains, median, predict, render
+from planner.published import PUBLISHED, agrees, attains, predict, render
 from planner.simulate import Outcome
 
 
@@ -18,7 +19,7 @@ def test_every_published_effect_comes_out_in_its_direction_but_the_named_misses(
     predicted = predict(entry)
     assert set(entry.measured) <= set(predicted)
     for effect, measured in entry.measured.items():
-        middle = median(predicted[effect])
+        middle = statistics.median(predicted[effect])
         if effect in entry.misses:
             # Still a miss: when the model gets it right, the entry must say so.
             assert not agrees(measured, middle), (effect, "now agrees: remove it from misses")
