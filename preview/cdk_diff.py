@@ -18,6 +18,8 @@ CDK = ROOT / "node_modules" / ".bin" / "cdk"
 # [-] AWS::EKS::AccessEntry EksClusterAdmin1E23D5C9A destroy      (a removed resource has no path)
 RESOURCE_LINE = re.compile(r"^\[(?P<op>[+\-~])\] (?P<type>\S+) (?P<rest>.+)$")
 PROPERTY_LINE = re.compile(r"^ [├└]─ \[(?P<op>[+\-~])\] (?P<name>[^\s(]+)(?: \((?P<impact>[^)]+)\))?")
+# What the CLI writes after a resource's logical id, longest first.
+IMPACTS = ("may be replaced", "replace", "destroy", "orphan")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -36,7 +38,7 @@ class ResourceChange:
 
     @property
     def replaced(self) -> bool:
-        return self.op == "~" and "replace" in self.impact
+        return self.op == "~" and self.impact.startswith("replace")
 
     @property
     def may_be_replaced(self) -> bool:
@@ -77,11 +79,14 @@ def parse(text: str) -> list[ResourceChange]:
             continue
         resource = RESOURCE_LINE.match(line)
         if resource:
-            words = resource["rest"].split(" ")
-            if "/" in words[0] or len(words) >= 2 and resource["op"] != "-":
-                path, logical_id, impact = words[0], words[1] if len(words) > 1 else words[0], " ".join(words[2:])
-            else:
-                path, logical_id, impact = "", words[0], " ".join(words[1:])
+            # A construct path may hold spaces ("…SecurityGroup99CFA6E5:ALL TRAFFIC"): the impact is read
+            # off the end, the logical id is the word before it, and the path is whatever precedes that.
+            rest, impact = resource["rest"].strip(), ""
+            for phrase in IMPACTS:
+                if rest.endswith(f" {phrase}"):
+                    rest, impact = rest[: -len(phrase) - 1], phrase
+                    break
+            path, _, logical_id = rest.rpartition(" ")
             changes.append(
                 ResourceChange(
                     op=resource["op"], type=resource["type"], path=path, logical_id=logical_id, impact=impact.strip()
