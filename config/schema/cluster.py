@@ -56,6 +56,13 @@ class EndpointAccessConfig(StrictModel):
     def _reachable(self) -> EndpointAccessConfig:
         if not self.public and not self.private:
             raise ValueError("public and private are both false: the API would be unreachable")
+        if self.public and not self.private:
+            # The nodes reach the API through the private endpoint; a public one restricted to CIDRs
+            # would shut them out, and aws_eks_v2 refuses it (CannotRestricPublicAccessEndpoint).
+            raise ValueError(
+                "public is true but private is false: the nodes could not reach an API restricted to "
+                "public_cidrs; set private: true"
+            )
         if self.public and not self.public_cidrs and not self.allow_deployer_address:
             raise ValueError(
                 "public is true but public_cidrs is empty: list the CIDRs allowed to reach the "

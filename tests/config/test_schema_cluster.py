@@ -100,6 +100,15 @@ def test_endpoint_reachable_somewhere(dev_data):
     )
 
 
+def test_public_only_endpoint_is_refused(dev_data):
+    # aws_eks_v2 would crash at synth (CannotRestricPublicAccessEndpoint): the nodes need the private one.
+    dev_data["cluster"]["endpoint"].update(public=True, private=False)
+    assert problems_for(dev_data) == (
+        "test.yaml: cluster.endpoint: public is true but private is false: the nodes could not reach an API "
+        "restricted to public_cidrs; set private: true"
+    )
+
+
 def test_addon_version_form(dev_data):
     dev_data["cluster"]["addon_versions"] = {"kube-proxy": "1.2"}
     assert problems_for(dev_data) == (
