@@ -211,7 +211,7 @@ def _plan_phase(phase: str, p: PhasePlanInputs, model: ModelArchitecture, inputs
         )
         problem = (
             f"{model.name} does not fit on {where}: weights take {weights / GIB:.1f} GiB per GPU at "
-            f"{tp_field}={tp}, plus {settings.runtime_overhead_gib:g} GiB overhead, against "
+            f"{inputs.dtype_bytes} bytes a parameter ({field_name('dtype')}) and {tp_field}={tp}, plus {settings.runtime_overhead_gib:g} GiB overhead, against "
             f"{field_name('gpu_memory_utilization')}={util:g} × {gpu.memory_gib:g} GiB = "
             f"{budget / GIB:.2f} GiB: {fix}"
         )

@@ -317,8 +317,10 @@ def _outcome(
         return (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3 if len(r.token_times) > 1 else 0
 
     good = [r for r, ttft in zip(measured, ttfts, strict=True) if ttft <= slo.ttft_ms and tpot_ms(r) <= slo.itl_ms]
-    ttft = {p: percentile(ttfts, p) for p in (50, 90, 99)}
-    itl = {p: percentile(gaps, p) for p in (50, 90, 99)}
+    # The SLO's own percentile too: the advisor reads it back for any percentile the schema allows.
+    shown = sorted({50, 90, 99, slo.percentile})
+    ttft = {p: percentile(ttfts, p) for p in shown}
+    itl = {p: percentile(gaps, p) for p in shown}
     p = slo.percentile
     meets = percentile(ttfts, p) <= slo.ttft_ms and (not gaps or percentile(gaps, p) <= slo.itl_ms)
     steps = sum(e.steps for e in decodes)

@@ -140,3 +140,14 @@ def test_synth_warns_when_colocated_serves_the_workload_at_least_as_well():
     data["serving"]["mode"] = "colocated"
     colocated = parse_config(data)
     assert advisor_warning(colocated, plan_config(colocated)) is None
+
+
+@pytest.mark.parametrize("percentile", [50, 91, 99])
+def test_advisor_judges_at_any_percentile_the_schema_allows(percentile):
+    from config.loader import parse_config
+    from planner.from_config import advisor_warning, plan_config
+
+    data, _ = _config_with()
+    data["planner"] = {"slo_percentile": percentile}
+    config = parse_config(data)
+    advisor_warning(config, plan_config(config))  # raised KeyError for a percentile outside 50/90/99
