@@ -25,6 +25,8 @@ from config.loader import load_config_or_exit
 from preview import cdk_diff
 from preview.serving import summarize
 
+# CloudFormation would refuse the update half-way and roll back: never attempted, whatever ALLOW_REPLACEMENT says.
+REFUSED = 2
 NEEDS_CONFIRMATION = 3
 
 
@@ -110,6 +112,11 @@ def print_summary(config, diff: str, summary: Any, *, summary_only: bool, allow:
     print(f"What `make deploy` would do to {config.stack_name}:")
     for line in summary.lines():
         print(f"  {line}")
+    if summary.refused or summary.two_deploys:
+        print(f"\n{config.stack_name}: not deployed, CloudFormation would roll this update back:", file=sys.stderr)
+        for line in (*summary.refused, *summary.two_deploys):
+            print(f"  {line}", file=sys.stderr)
+        return REFUSED
     if summary.needs_confirmation and not allow:
         print(
             "\nThis deploy replaces or removes something that holds state (above). If that is intended, deploy "

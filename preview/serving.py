@@ -13,7 +13,8 @@ from consumers.template import manifests
 from kuberay.oracle import cluster_spec_hash
 from manifests.contract import PHASE_LABEL
 from preview.cdk_diff import ResourceChange
-from preview.spec import nested_replacements
+from preview.classes import ChangeClass, classify, moved_names, named_replacements
+from preview.spec import is_stateful, nested_replacements
 
 # What is lost when CloudFormation replaces (creates anew, then deletes) or removes each.
 STATEFUL = {
@@ -25,6 +26,8 @@ STATEFUL = {
     "AWS::Logs::LogGroup": "the log events in it",
     "AWS::APS::Workspace": "the metrics stored in the Prometheus workspace",
 }
+# A type the list above does not describe but CloudFormation's specification marks stateful (isStateful).
+STATEFUL_BY_SPECIFICATION = "what it holds (CloudFormation's resource specification marks the type stateful)"
 # A node group property whose change makes EKS roll the group's nodes (drain and replace, one at a time).
 ROLLING_PROPERTIES = {"LaunchTemplate", "ReleaseVersion", "Version", "AmiType"}
 RAY_SERVICE = "RayService"
@@ -39,6 +42,9 @@ class Preview:
     access: list[str] = field(default_factory=list)
     charts: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Updates CloudFormation would refuse half-way: those a first deploy makes possible, and those none does.
+    two_deploys: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     cost: str = ""
     other: int = 0
     changes: list[ResourceChange] = field(default_factory=list)  # the CLI's, nested replacements marked
@@ -48,9 +54,15 @@ class Preview:
         """Something that holds state would be replaced or removed."""
         return bool(self.stateful)
 
+    @property
+    def change_class(self) -> ChangeClass:
+        return classify(self)
+
     def lines(self) -> list[str]:
         out: list[str] = []
         for title, items in (
+            ("Refused: no deploy can make this change", self.refused),
+            ("Needs two deploys", self.two_deploys),
             ("Replaced or removed, with what is lost", self.stateful),
             ("GPU and system nodes", self.nodes),
             ("RayService", self.ray_service),
@@ -66,8 +78,8 @@ class Preview:
         if self.other:
             out.append(f"{self.other} other resource(s) change; the CDK diff lists them.")
         if not out:
-            out.append("No change.")
-        return out
+            return ["No change."]
+        return [f"Class of change: {self.change_class.label}", *out]
 
 
 def _resources(template: dict, kind: str) -> dict[str, dict]:
@@ -405,7 +417,7 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
     by_id = {c.logical_id: c for c in changes}
     old_resources = old.get("Resources", {})
     for change in changes:
-        loss = STATEFUL.get(change.type)
+        loss = STATEFUL.get(change.type) or (STATEFUL_BY_SPECIFICATION if is_stateful(change.type) else None)
         if loss is None:
             continue
         if change.replaced or change.may_be_replaced:
@@ -419,6 +431,8 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
                 )
             else:
                 preview.stateful.append(f"REMOVED: {change.type} {change.logical_id}{_where(change)}: {loss}")
+    preview.refused += named_replacements(old, new, changes)
+    preview.two_deploys += moved_names(old, new, changes)
     _node_lines(old, new, by_id, preview)
     _control_plane_lines(old, new, preview)
     _ray_service_lines(old, new, preview, config)

@@ -20,12 +20,38 @@ SPEC_DB = Path(__file__).resolve().parent.parent / "node_modules" / "aws-cdk" / 
 
 
 @lru_cache(maxsize=1)
-def _spec(path: Path = SPEC_DB) -> tuple[dict[str, dict], dict[str, dict]]:
-    """(resource type -> its properties, type definition id -> its properties)."""
+def _entities(path: Path = SPEC_DB) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(resource type -> its entity, type definition id -> its properties)."""
     schema = json.loads(gzip.decompress(path.read_bytes()))["schema"]
-    resources = {r["cloudFormationType"]: r.get("properties", {}) for r in schema["resource"]["entities"]}
+    resources = {r["cloudFormationType"]: r for r in schema["resource"]["entities"]}
     types = {t["$id"]: t.get("properties", {}) for t in schema["typeDefinition"]["entities"]}
     return resources, types
+
+
+def _spec() -> tuple[dict[str, dict], dict[str, dict]]:
+    """(resource type -> its properties, type definition id -> its properties)."""
+    resources, types = _entities()
+    return {name: r.get("properties", {}) for name, r in resources.items()}, types
+
+
+def primary_identifier(resource_type: str) -> list[str]:
+    """The properties that name a resource of this type (``LogGroupName``, an EKS cluster's ``Name``)."""
+    return list(_entities()[0].get(resource_type, {}).get("primaryIdentifier", []))
+
+
+def is_stateful(resource_type: str) -> bool:
+    """CloudFormation's specification marks the type as holding data that a replacement or removal loses."""
+    return bool(_entities()[0].get(resource_type, {}).get("isStateful"))
+
+
+def physical_name(resource_type: str, properties: dict) -> tuple | None:
+    """The name a template gives the resource itself, when each part of its primary identifier is a literal
+    in the template: CloudFormation can then neither replace it nor create a second one beside it."""
+    parts = primary_identifier(resource_type)
+    values = tuple(properties.get(part) for part in parts)
+    if parts and all(isinstance(v, (str, int)) for v in values):
+        return (resource_type, *values)
+    return None
 
 
 def nested_replacements(resource_type: str, old: dict, new: dict) -> dict[str, str]:

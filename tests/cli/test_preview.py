@@ -110,3 +110,15 @@ def test_a_stateful_replacement_needs_the_confirmation_flag(dev_assembly, varian
     captured = capsys.readouterr()
     assert "REPLACED: AWS::EKS::Nodegroup" in captured.out and "ALLOW_REPLACEMENT=1" in captured.err
     assert cli_preview.main([*args, "--allow-replacement"]) == 0
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_an_update_cloudformation_would_roll_back_is_refused_even_when_replacement_is_allowed(capsys, allow):
+    from preview.serving import Preview
+
+    config = type("Config", (), {"stack_name": "pd-dev-pd-serving"})
+    summary = Preview(refused=["REPLACED: AWS::EKS::Cluster Cluster: its Name is custom"])
+    assert cli_preview.print_summary(config, "", summary, summary_only=True, allow=allow) == cli_preview.REFUSED
+    captured = capsys.readouterr()
+    assert "Class of change: refused" in captured.out
+    assert "CloudFormation would roll this update back" in captured.err
