@@ -148,3 +148,46 @@ def gcs_fault_tolerance_pod(ray_cluster_config: dict, group: dict, *, head: bool
             out["rayStartParams"][param] = f"${env_name}"
             out["env"][env_name] = {k: v for k, v in credential.items() if k in ("value", "valueFrom")}
     return out
+
+
+# --- raycluster_controller.go: the Redis cleanup Job of a deleted RayCluster ----------------------
+
+REDIS_CLEANUP_NODE_TYPE = "redis-cleanup"  # apis/ray/v1/raycluster_types.go, RedisCleanupNode
+WAIT_FOR_TLS_IP_SAN = "wait-for-tls-ip-san"
+REDIS_CLEANUP_RESOURCES = {"cpu": "200m", "memory": "256Mi"}
+
+
+def redis_cleanup_pod(ray_cluster_config: dict, *, cluster_uid: str = "") -> dict[str, Any]:
+    """The pod spec of the Job that KubeRay starts to clean the store when a RayCluster with GCS fault
+    tolerance (redis backend) is deleted, before it takes ``ray.io/gcs-ft-redis-cleanup-finalizer`` off
+    (``buildRedisCleanupJob``, raycluster_controller.go:1807-1899 at v1.7.0).
+
+    It is the head's pod (``buildHeadPod``): its service account, volumes, nodeSelector and tolerations
+    unchanged, so it needs what the head needs to start, on the head's nodes; only the Ray container
+    is kept, with the head's env plus what ``configureRedisFT`` gives the head (``RAY_REDIS_ADDRESS``,
+    ``REDIS_PASSWORD``), no probes, 200m CPU and 256Mi, and restartPolicy Never.
+    """
+    import copy
+
+    head = ray_cluster_config["headGroupSpec"]
+    spec = copy.deepcopy(head.get("template", {}).get("spec", {}))
+    container = spec["containers"][0]  # RayContainerIndex
+    fault_tolerance = gcs_fault_tolerance_pod(ray_cluster_config, head, head=True, cluster_uid=cluster_uid)
+    added = fault_tolerance["env"]
+    container["env"] = [
+        *(e for e in container.get("env") or [] if e.get("name") not in added),
+        *({"name": name, **value} for name, value in added.items()),
+        {"name": "RAY_redis_db_connect_retries", "value": "120"},
+        {"name": "RAY_redis_db_connect_wait_milliseconds", "value": "500"},
+    ]
+    container.pop("livenessProbe", None)
+    container.pop("readinessProbe", None)
+    container["resources"] = {"limits": dict(REDIS_CLEANUP_RESOURCES), "requests": dict(REDIS_CLEANUP_RESOURCES)}
+    spec["containers"] = [container]
+    init = [c for c in spec.get("initContainers") or [] if c.get("name") != WAIT_FOR_TLS_IP_SAN]
+    if init:
+        spec["initContainers"] = init
+    else:
+        spec.pop("initContainers", None)
+    spec["restartPolicy"] = "Never"
+    return spec
