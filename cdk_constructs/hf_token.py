@@ -108,6 +108,7 @@ class HuggingFaceToken(Construct):
             self.provider_class = cluster.add_manifest("SecretProviderClass", self.manifest_body)
             # The SecretProviderClass kind comes with the driver's CRDs.
             self.provider_class.node.add_dependency(self.driver, namespace_manifest)
-        # Teardown runs in reverse: the namespace, which waits for its pods, goes before the driver
-        # that their token volumes are unmounted through.
-        namespace_manifest.node.add_dependency(self.driver)
+        # Teardown runs in reverse: the namespace, which waits for its pods (and KubeRay's Redis cleanup
+        # Job, which mounts the store's token), goes before the driver and the provider that their
+        # volumes are mounted and unmounted through.
+        namespace_manifest.node.add_dependency(self.driver, self.provider)

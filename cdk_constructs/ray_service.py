@@ -38,6 +38,7 @@ SERVE_APP_DIR = Path(__file__).resolve().parent.parent / "serve_app"
 # under one directory, that directory is dropped. So the zip holds one wrapper directory around
 # serve_app/, and after Ray's unpack serve_app/ is at the root of the working_dir, importable.
 WORKING_DIR_WRAPPER = "working_dir"
+SERVICE_ACCOUNT_ID = "ServiceAccount"
 
 
 def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
@@ -64,7 +65,8 @@ class RayServiceApp(Construct):
             KubeRay operator whose rules the RayService is checked against).
         render_manifest: the RayService for a Serve config (``manifests.ray_service.ray_service``
             bound to the environment); the Serve config names this construct's code asset.
-        operator: the KubeRay operator's chart; its CRDs must exist before the RayService.
+        operator: the KubeRay operator's chart; its CRDs must exist before the RayService, and it
+            outlives the namespace on teardown, since it takes the finalizers off what is in it.
         token_key_arn: the customer-managed KMS key the token secret is encrypted with (resolved by
             `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
         gcs_store: the GCS fault-tolerance store when ``ray_service.gcs_fault_tolerance`` is on (its
@@ -77,7 +79,8 @@ class RayServiceApp(Construct):
             the streaming GPU workers' init container fetches (``manifests.ray_service.streamer_wheels_location``).
 
     ``serve_service`` is the internal NLB's Service (None without one); whoever wires the stack
-    makes it depend on what must outlive it on teardown (the load balancer controller, the nodes).
+    makes it, and ``namespace``, depend on what must outlive them on teardown (the nodes, the
+    cluster's networking add-ons, the load balancer controller: ``manifests.finalizers``).
     """
 
     def __init__(
@@ -101,12 +104,23 @@ class RayServiceApp(Construct):
         rs = ray_service
         self.namespace = cluster.add_manifest("Namespace", namespace_manifest(rs))
         self.service_account = cluster.add_service_account(
-            "ServiceAccount",
+            SERVICE_ACCOUNT_ID,
             name=RAY_SERVICE_ACCOUNT,
             namespace=rs.namespace,
             identity_type=eks.IdentityType.POD_IDENTITY,
         )
-        self.service_account.node.add_dependency(self.namespace)
+        # Only the ServiceAccount object lives in the namespace. Its role and Pod Identity association
+        # are AWS resources that the namespace's deletion may still need: KubeRay's Redis cleanup Job
+        # runs as this account (manifests/finalizers.py), so they go after the namespace on teardown.
+        self.service_account.node.find_child(
+            f"manifest-{SERVICE_ACCOUNT_ID}ServiceAccountResource"
+        ).node.add_dependency(self.namespace)
+        self.namespace.node.add_dependency(
+            self.service_account.role, self.service_account.node.find_child("Association")
+        )
+        # The operator takes the finalizers of the RayService and its RayClusters off; the namespace's
+        # deletion waits for them, so it goes before the operator on teardown.
+        self.namespace.node.add_dependency(operator)
         self.network_policies = None
         if network_policies:
             self.network_policies = cluster.add_manifest("NetworkPolicies", *network_policies)

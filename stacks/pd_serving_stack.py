@@ -19,6 +19,7 @@ from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from config.schema import AppConfig, DeployFacts
 from manifests.contract import PHASES, RAY_SERVICE_ACCOUNT
+from manifests.finalizers import POD_NETWORK_ADDONS
 from manifests.network_policies import network_policies
 from manifests.ray_service import ray_service as ray_service_manifest
 from manifests.ray_service import streamer_wheels_location
@@ -171,6 +172,18 @@ class PdServingStack(Stack):
             serving.secrets_store.driver.node.add_dependency(*nodegroups)
         if serving.serve_service:
             serving.serve_service.node.add_dependency(*nodegroups, cluster.alb_controller)
+        # The namespace's deletion waits for the finalizers on what is in it (manifests/finalizers.py):
+        # KubeRay's, taken off by the operator on the system nodes after its Redis cleanup Job, and
+        # the load balancer controller's. So the nodes, what a pod needs to start and to reach the API
+        # server and the store (the networking add-ons, Pod Identity's agent) and the controller go
+        # after the namespace.
+        serving.namespace.node.add_dependency(
+            *nodegroups,
+            *(eks_cluster.addons[name] for name in POD_NETWORK_ADDONS),
+            eks_cluster.pod_identity_agent,
+        )
+        if cluster.alb_controller:
+            serving.namespace.node.add_dependency(cluster.alb_controller)
 
         # Last, once every construct exists: CDK's provider functions log to groups the stack owns.
         logs.capture_function_logs(self, retention_days=cluster_config.log_retention_days)
