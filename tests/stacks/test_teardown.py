@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, synth_variant
+from tests.conftest import SHIPPED_ENVIRONMENTS
 
 
 def _rayservice_id(resources: dict) -> str:
@@ -49,12 +48,12 @@ def _manifest_items(resource: dict) -> list[dict]:
     return json.loads(manifest) if isinstance(manifest, str) else []
 
 
-def test_load_balancer_is_removed_by_its_controller_before_the_vpc(tmp_path):
+def test_load_balancer_is_removed_by_its_controller_before_the_vpc(variant):
     """CloudFormation deletes in reverse dependency order: RayService, then the NLB's Service
     (`kubectl delete` waits for its load-balancer finalizer), then the controller and the nodes."""
-    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
-    data["ray_service"] = {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}}
-    stack, template = synth_variant(tmp_path, data, "nlb")
+    from tests.stacks.test_template_policies import _variants
+
+    stack, template, _ = variant("internal-nlb", _variants()["internal-nlb"])
     resources = template.to_json()["Resources"]
     (service_id,) = [
         k
