@@ -157,7 +157,7 @@ WAIT_FOR_TLS_IP_SAN = "wait-for-tls-ip-san"
 REDIS_CLEANUP_RESOURCES = {"cpu": "200m", "memory": "256Mi"}
 
 
-def redis_cleanup_pod(ray_cluster_config: dict, *, cluster_uid: str = "") -> dict[str, Any]:
+def redis_cleanup_pod(ray_cluster_config: dict, *, cluster_uid: str = "", cluster_name: str = "") -> dict[str, Any]:
     """The pod spec of the Job that KubeRay starts to clean the store when a RayCluster with GCS fault
     tolerance (redis backend) is deleted, before it takes ``ray.io/gcs-ft-redis-cleanup-finalizer`` off
     (``buildRedisCleanupJob``, raycluster_controller.go:1807-1899 at v1.7.0).
@@ -165,7 +165,10 @@ def redis_cleanup_pod(ray_cluster_config: dict, *, cluster_uid: str = "") -> dic
     It is the head's pod (``buildHeadPod``): its service account, volumes, nodeSelector and tolerations
     unchanged, so it needs what the head needs to start, on the head's nodes; only the Ray container
     is kept, with the head's env plus what ``configureRedisFT`` gives the head (``RAY_REDIS_ADDRESS``,
-    ``REDIS_PASSWORD``), no probes, 200m CPU and 256Mi, and restartPolicy Never.
+    ``REDIS_PASSWORD``), no probes, 200m CPU and 256Mi, and restartPolicy Never. With in-tree
+    autoscaling a head template that names no service account runs as the RayCluster's name
+    (``DefaultHeadPodTemplate``, common/pod.go, with ``GetHeadGroupServiceAccountName``): pass
+    ``cluster_name`` to have it.
     """
     import copy
 
@@ -190,4 +193,6 @@ def redis_cleanup_pod(ray_cluster_config: dict, *, cluster_uid: str = "") -> dic
     else:
         spec.pop("initContainers", None)
     spec["restartPolicy"] = "Never"
+    if ray_cluster_config.get("enableInTreeAutoscaling") and cluster_name:
+        spec["serviceAccountName"] = spec.get("serviceAccountName") or cluster_name
     return spec
