@@ -1,7 +1,7 @@
-"""A gated model's Hugging Face token, from AWS Secrets Manager to every Ray pod by reference.
+"""A gated model's Hugging Face token, from AWS Secrets Manager to every GPU worker by reference.
 
-The Secrets Store CSI driver with AWS's provider (ASCP) mounts the secret as a file in each Ray
-pod, read with the pod's own EKS Pod Identity role, and ``HF_TOKEN_PATH`` points
+The Secrets Store CSI driver with AWS's provider (ASCP) mounts the secret as a file in each GPU
+worker pod, read with the workers' own EKS Pod Identity role, and ``HF_TOKEN_PATH`` points
 ``huggingface_hub`` at it. The value is in no template, Serve config, runtime_env or environment
 variable: Ray Serve LLM copies ``HF_TOKEN``/``HUGGING_FACE_HUB_TOKEN`` from a replica's
 environment into the runtime_env of the tasks it starts (GCS, dashboard), but not a file path.

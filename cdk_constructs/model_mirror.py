@@ -1,6 +1,6 @@
 """The stack's S3 mirror of model weights, and who may touch it.
 
-Encrypted (S3-managed keys), private (all public access blocked, TLS only). The Ray pods may read
+Encrypted (S3-managed keys), private (all public access blocked, TLS only). The GPU workers may read
 it through their Pod Identity role (granted on the model's prefix by the serving construct); the
 ``model-mirror`` service account that ``make mirror-model``
 runs its Job with may write it (and read a gated model's token, when there is one). Kept when the

@@ -1,4 +1,5 @@
-"""The serving app on the cluster: serve_app as an S3 asset, a Pod Identity role, the RayService."""
+"""The serving app on the cluster: serve_app as an S3 asset, the head's and the GPU workers' Pod Identity roles,
+the RayService."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from kuberay import rules_version_note
 from kuberay.rules import validate_ray_service
 from manifests import api_keys as api_keys_manifests
 from manifests import gcs_store as gcs_store_manifests
-from manifests.contract import RAY_SERVICE_ACCOUNT, SERVE_PORT
+from manifests.contract import RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT, SERVE_PORT
 from manifests.ray_service import namespace as namespace_manifest
 from manifests.ray_service import owned_serve_service, serve_service_name
 from serve_app.serve_config import serve_config_yaml
@@ -38,7 +39,6 @@ SERVE_APP_DIR = Path(__file__).resolve().parent.parent / "serve_app"
 # under one directory, that directory is dropped. So the zip holds one wrapper directory around
 # serve_app/, and after Ray's unpack serve_app/ is at the root of the working_dir, importable.
 WORKING_DIR_WRAPPER = "working_dir"
-SERVICE_ACCOUNT_ID = "ServiceAccount"
 
 
 def stage_serve_app(source: Path = SERVE_APP_DIR) -> Path:
@@ -68,13 +68,14 @@ class RayServiceApp(Construct):
         operator: the KubeRay operator's chart; its CRDs must exist before the RayService, and it
             outlives the namespace on teardown, since it takes the finalizers off what is in it.
         token_key_arn: the customer-managed KMS key the token secret is encrypted with (resolved by
-            `make deploy`'s guard); the pods' role may decrypt with it through Secrets Manager.
+            `make deploy`'s guard); the GPU workers' role may decrypt with it through Secrets Manager.
         gcs_store: the GCS fault-tolerance store when ``ray_service.gcs_fault_tolerance`` is on (its
-            host goes into ``render_manifest``); its AUTH token reaches the head through the CSI driver.
+            host goes into ``render_manifest``); its AUTH token reaches the head (and KubeRay's Redis
+            cleanup Job) through the CSI driver.
         network_policies: the serving namespace's NetworkPolicies (``manifests.network_policies``),
             applied before the RayService, so that its pods start with them in place.
         api_key_key_arns: the customer-managed KMS keys of the API key secrets (resolved by `make
-            deploy`'s guard: ``DeployFacts.api_key_kms_key_arns``); the pods' role may decrypt with them.
+            deploy`'s guard: ``DeployFacts.api_key_kms_key_arns``); the GPU workers' role may decrypt with them.
         streamer_wheels: (bucket, prefix) of the model streamer's wheels in the stack's mirror, which
             the streaming GPU workers' init container fetches (``manifests.ray_service.streamer_wheels_location``).
 
@@ -103,20 +104,15 @@ class RayServiceApp(Construct):
         super().__init__(scope, id_)
         rs = ray_service
         self.namespace = cluster.add_manifest("Namespace", namespace_manifest(rs))
-        self.service_account = cluster.add_service_account(
-            SERVICE_ACCOUNT_ID,
-            name=RAY_SERVICE_ACCOUNT,
-            namespace=rs.namespace,
-            identity_type=eks.IdentityType.POD_IDENTITY,
+        # Two accounts, so that each role reads only what its own pods mount or fetch: the head the store's
+        # AUTH token and the code; the GPU workers the model, the streamer's wheels, the HF token, the API
+        # keys and the code. The head's keeps the id of the one account both shared before, and so its
+        # resources in a deployed stack (why: manifests.contract).
+        self.head_service_account = self._service_account(
+            cluster, id_="ServiceAccount", name=RAY_HEAD_SERVICE_ACCOUNT, namespace=rs.namespace
         )
-        # Only the ServiceAccount object lives in the namespace. Its role and Pod Identity association
-        # are AWS resources that the namespace's deletion may still need: KubeRay's Redis cleanup Job
-        # runs as this account (manifests/finalizers.py), so they go after the namespace on teardown.
-        self.service_account.node.find_child(
-            f"manifest-{SERVICE_ACCOUNT_ID}ServiceAccountResource"
-        ).node.add_dependency(self.namespace)
-        self.namespace.node.add_dependency(
-            self.service_account.role, self.service_account.node.find_child("Association")
+        self.worker_service_account = self._service_account(
+            cluster, id_="GpuWorkerServiceAccount", name=RAY_WORKER_SERVICE_ACCOUNT, namespace=rs.namespace
         )
         # The operator takes the finalizers of the RayService and its RayClusters off; the namespace's
         # deletion waits for them, so it goes before the operator on teardown.
@@ -128,13 +124,16 @@ class RayServiceApp(Construct):
 
         # A content hash names the object, so any change to serve_app rolls out on the next deploy.
         self.code = s3_assets.Asset(self, "ServeAppCode", path=str(stage_serve_app(SERVE_APP_DIR)))
-        # Read this one object, not the whole (shared) CDK assets bucket.
-        self.service_account.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject"],
-                resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
+        # Read this one object, not the whole (shared) CDK assets bucket. The workers' replicas run
+        # serve_app; so may the head, where Serve's controller builds the app in a zero-CPU task
+        # (build_serve_application, ray/serve/_private/application_state.py).
+        for account in (self.head_service_account, self.worker_service_account):
+            account.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"],
+                    resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
+                )
             )
-        )
         self._grant_model_access(serving, token_key_arn, streamer_wheels)
         # The CSI driver and AWS's provider, for the token's and the API keys' mounts and for the GCS
         # store's Secret sync.
@@ -154,8 +153,9 @@ class RayServiceApp(Construct):
         self.hf_token = self.secrets_store if serving.model.hf_token_secret else None
         self.gcs_provider_class = None
         if gcs_store and self.secrets_store:
-            # The head's role reads the AUTH token (GetSecretValue, DescribeSecret) through the CSI provider.
-            gcs_store.auth_token.grant_read(self.service_account)
+            # The head's role alone reads the AUTH token (GetSecretValue, DescribeSecret) through the CSI
+            # provider: the head mounts it, and so does KubeRay's Redis cleanup Job, which runs as the head.
+            gcs_store.auth_token.grant_read(self.head_service_account)
             self.gcs_provider_class_body = gcs_store_manifests.secret_provider_class(
                 namespace=rs.namespace, secret_arn=gcs_store.auth_token.secret_arn, region=cdk.Stack.of(self).region
             )
@@ -188,7 +188,7 @@ class RayServiceApp(Construct):
             cdk.Annotations.of(self).add_warning_v2("pd-serving:kuberay-rules-version", rules_note)
         self.manifest = cluster.add_manifest("RayService", self.manifest_body)
         self.manifest.node.add_dependency(operator)
-        self.manifest.node.add_dependency(self.service_account)
+        self.manifest.node.add_dependency(self.head_service_account, self.worker_service_account)
         if self.secrets_store:
             # Pods mount the token through the driver and the provider class from their first start.
             self.manifest.node.add_dependency(self.secrets_store)
@@ -208,32 +208,43 @@ class RayServiceApp(Construct):
             f"kubectl -n {rs.namespace} port-forward svc/{self.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
         )
 
+    def _service_account(self, cluster: eks.Cluster, *, id_: str, name: str, namespace: str) -> eks.ServiceAccount:
+        account = cluster.add_service_account(
+            id_, name=name, namespace=namespace, identity_type=eks.IdentityType.POD_IDENTITY
+        )
+        # Only the ServiceAccount object lives in the namespace. Its role and Pod Identity association
+        # are AWS resources that the namespace's deletion may still need: KubeRay's Redis cleanup Job
+        # runs as the head's account (manifests/finalizers.py), so they go after the namespace on teardown.
+        account.node.find_child(f"manifest-{id_}ServiceAccountResource").node.add_dependency(self.namespace)
+        self.namespace.node.add_dependency(account.role, account.node.find_child("Association"))
+        return account
+
     def _grant_api_keys(self, secrets: Sequence[str], key_arns: Sequence[str]) -> None:
         """GetSecretValue and DescribeSecret on each key's secret alone, through the CSI provider; and
         kms:Decrypt through Secrets Manager on the customer-managed keys among them."""
         for index, secret in enumerate(secrets):
-            imported_secret(self, f"ApiKeySecret{index}", secret).grant_read(self.service_account)
+            imported_secret(self, f"ApiKeySecret{index}", secret).grant_read(self.worker_service_account)
         for arn in key_arns:
-            grant_token_key(self, self.service_account, arn)
+            grant_token_key(self, self.worker_service_account, arn)
 
     def _grant_model_access(
         self, serving: ServingSpec, token_key_arn: str | None, streamer_wheels: tuple[str, str] | None
     ) -> None:
         model = serving.model
         if model.hf_token_secret:
-            # The CSI provider reads the secret with the mounting pod's Pod Identity role: this one,
-            # for this secret alone (GetSecretValue, DescribeSecret), and its key if it is the customer's.
-            imported_secret(self, "HfTokenSecret", model.hf_token_secret).grant_read(self.service_account)
+            # The CSI provider reads the secret with the mounting pod's Pod Identity role: the GPU
+            # workers', for this secret alone (GetSecretValue, DescribeSecret), and its key if it is the customer's.
+            imported_secret(self, "HfTokenSecret", model.hf_token_secret).grant_read(self.worker_service_account)
             if token_key_arn:
-                grant_token_key(self, self.service_account, token_key_arn)
+                grant_token_key(self, self.worker_service_account, token_key_arn)
         if model.is_s3:
             bucket_name, _, prefix = model.source.removeprefix("s3://").partition("/")
             bucket = s3.Bucket.from_bucket_name(self, "ModelBucket", bucket_name)
             objects = f"{prefix.strip('/')}/*" if prefix.strip("/") else "*"
-            self.service_account.add_to_principal_policy(
+            self.worker_service_account.add_to_principal_policy(
                 iam.PolicyStatement(actions=["s3:GetObject"], resources=[bucket.arn_for_objects(objects)])
             )
-            self.service_account.add_to_principal_policy(
+            self.worker_service_account.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=["s3:ListBucket"],
                     resources=[bucket.bucket_arn],
@@ -241,18 +252,18 @@ class RayServiceApp(Construct):
                 )
             )
             acknowledge(
-                self.service_account,
+                self.worker_service_account,
                 f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{objects}]",
                 "A model mirror is many files under one prefix; the pods may only read that prefix.",
             )
         if streamer_wheels:
             bucket_name, prefix = streamer_wheels
             wheels = s3.Bucket.from_bucket_name(self, "StreamerWheelsBucket", bucket_name)
-            self.service_account.add_to_principal_policy(
+            self.worker_service_account.add_to_principal_policy(
                 iam.PolicyStatement(actions=["s3:GetObject"], resources=[wheels.arn_for_objects(f"{prefix}/*")])
             )
             acknowledge(
-                self.service_account,
+                self.worker_service_account,
                 f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
                 "The model streamer's wheels, one file per package under one prefix; the init container reads them.",
             )

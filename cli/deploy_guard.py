@@ -297,7 +297,7 @@ def secret_key(
     warnings). Raises Refusal when the Ray pods could not mount it. ``holds`` says what it holds.
 
     An imported secret's ``grant_read`` gives no ``kms:Decrypt``: with a customer-managed key the
-    pods' role needs it on that key, or the CSI mount fails.
+    GPU workers' role needs it on that key, or the CSI mount fails.
     """
     region = config.aws.region
     named = f"{source}: {field} {secret}"
@@ -334,7 +334,7 @@ def secret_key(
     except ClientError as exc:
         return None, [
             f"could not read the KMS key {key_id} that {field} {secret} is encrypted with "
-            f"(kms:DescribeKey: {error_code(exc)}), so the Ray pods' role gets no kms:Decrypt on it and their "
+            f"(kms:DescribeKey: {error_code(exc)}), so the GPU workers' role gets no kms:Decrypt on it and their "
             f"{holds} mount may fail; allow kms:DescribeKey on the key to whoever deploys"
         ]
     if key.get("KeyManager") == "AWS":
@@ -349,7 +349,7 @@ def secret_key(
     if key.get("AWSAccountId") not in (None, config.aws.account):
         return arn, [
             f"{field} {secret} is encrypted with the KMS key {arn} of account "
-            f"{key['AWSAccountId']}: its key policy must also let the Ray pods' role decrypt with it"
+            f"{key['AWSAccountId']}: its key policy must also let the GPU workers' role decrypt with it"
         ]
     return arn, []
 

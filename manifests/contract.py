@@ -76,7 +76,13 @@ CLIENT_PORT = 10001
 METRICS_PORT = 8080
 # Every Ray pod exports its node's metrics on the container port of this name; the scrapers keep it.
 METRICS_PORT_NAME = "metrics"
-RAY_SERVICE_ACCOUNT = "ray-serve"
+# The head and the GPU workers run as service accounts of their own, each with a Pod Identity role
+# that reads only what its pods mount or fetch. The head's keeps the name of the one account that
+# head and workers shared before: a deployed stack keeps it (and its role) through the NewCluster
+# upgrade the split starts, so the old cluster's head, its autoscaler's RoleBinding and its Redis
+# cleanup Job (built from the head's pod: raycluster_controller.go, buildRedisCleanupJob) keep theirs.
+RAY_HEAD_SERVICE_ACCOUNT = "ray-serve"
+RAY_WORKER_SERVICE_ACCOUNT = "ray-gpu-worker"
 # Where `make mirror-model` puts the model streamer's wheels in the mirror bucket, beside the models'
 # prefixes, and where the streaming GPU workers fetch them from.
 STREAMER_WHEELS_PREFIX = "_wheels/model-streamer"

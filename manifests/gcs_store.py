@@ -14,7 +14,8 @@ volume ("The secrets will only sync once you start a pod mounting the secrets").
 itself: the kubelet mounts volumes before it starts the container and resolves the env var then; if
 the controller has not written the Secret yet, the container waits in CreateContainerConfigError and
 the kubelet retries. KubeRay's Redis cleanup Job is built from the head's pod template
-(``buildRedisCleanupJob``), so it mounts the volume too and finds the Secret after the head is gone.
+(``buildRedisCleanupJob``), so it runs as the head's service account, whose role alone reads the
+token, mounts the volume too and finds the Secret after the head is gone.
 The token is never a template value, an env value in a manifest or a Serve config entry.
 """
 

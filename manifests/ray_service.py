@@ -378,11 +378,13 @@ def ray_service(
     config: AppConfig,
     *,
     serve_config_v2: str,
-    service_account: str,
+    head_service_account: str,
+    worker_service_account: str,
     gcs_store_host: str | None = None,
     serving_replicas: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec,
+    """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec, the head and
+    the GPU workers run as their service accounts (the head's also runs KubeRay's Redis cleanup Job),
     ``gcs_store_host`` the GCS store's primary endpoint (required when GCS fault tolerance is on),
     and ``serving_replicas`` each phase's worker replicas in the serving cluster now, when known."""
     rs = config.ray_service
@@ -423,13 +425,13 @@ def ray_service(
                 # KubeRay gives the sidecar no securityContext of its own (common/pod.go, BuildAutoscalerContainer).
                 "securityContext": dict(NO_CAPABILITIES),
             },
-            "headGroupSpec": head_group(config, image=image, service_account=service_account),
+            "headGroupSpec": head_group(config, image=image, service_account=head_service_account),
             "workerGroupSpecs": [
                 worker_group(
                     config,
                     phase,
                     image=image,
-                    service_account=service_account,
+                    service_account=worker_service_account,
                     serving_replicas=(serving_replicas or {}).get(phase),
                 )
                 for phase in PHASES

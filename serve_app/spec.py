@@ -86,7 +86,7 @@ class ModelSpec(SpecModel):
         description=(
             "Name or complete ARN of an AWS Secrets Manager secret (in the cluster's region) whose value "
             "is a Hugging Face token, for gated models. Only the name travels: the Secrets Store CSI "
-            "driver mounts the value as a file in each Ray pod, read with the pods' own role."
+            "driver mounts the value as a file in each GPU worker pod, read with the workers' own role."
         ),
     )
     gated: bool = Field(

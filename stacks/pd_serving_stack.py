@@ -18,7 +18,7 @@ from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from config.schema import AppConfig, DeployFacts
-from manifests.contract import PHASES, RAY_SERVICE_ACCOUNT
+from manifests.contract import PHASES, RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from manifests.finalizers import POD_NETWORK_ADDONS
 from manifests.network_policies import network_policies
 from manifests.ray_service import ray_service as ray_service_manifest
@@ -139,7 +139,8 @@ class PdServingStack(Stack):
             render_manifest=lambda serve_config_v2: ray_service_manifest(
                 config,
                 serve_config_v2=serve_config_v2,
-                service_account=RAY_SERVICE_ACCOUNT,
+                head_service_account=RAY_HEAD_SERVICE_ACCOUNT,
+                worker_service_account=RAY_WORKER_SERVICE_ACCOUNT,
                 gcs_store_host=gcs_store.host if gcs_store else None,
                 serving_replicas=deployer.worker_replicas,
             ),

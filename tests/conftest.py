@@ -150,13 +150,15 @@ GCS_STORE_HOST = "master.pd-gcs.abc123.use2.cache.amazonaws.com"
 
 def rendered_ray_service(config, working_dir: str = "s3://bucket/code.zip") -> dict:
     """The RayService manifest of a config, rendered as the construct renders it."""
+    from manifests.contract import RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
     from manifests.ray_service import ray_service
     from serve_app.serve_config import serve_config_yaml
 
     return ray_service(
         config,
         serve_config_v2=serve_config_yaml(config.serving, working_dir=working_dir),
-        service_account="ray-serve",
+        head_service_account=RAY_HEAD_SERVICE_ACCOUNT,
+        worker_service_account=RAY_WORKER_SERVICE_ACCOUNT,
         gcs_store_host=GCS_STORE_HOST if config.gcs_fault_tolerant else None,
     )
 

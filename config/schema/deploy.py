@@ -94,7 +94,7 @@ class DeployFacts(StrictModel):
         default=None,
         description=(
             "The customer-managed KMS key the gated model's token secret is encrypted with "
-            "(secretsmanager:DescribeSecret); the Ray pods' role may then decrypt with it through Secrets Manager."
+            "(secretsmanager:DescribeSecret); the GPU workers' role may then decrypt with it through Secrets Manager."
         ),
         pattern=KMS_KEY_ARN,
     )
@@ -102,7 +102,7 @@ class DeployFacts(StrictModel):
         default_factory=list,
         description=(
             "The customer-managed KMS keys the endpoint's API key secrets are encrypted with "
-            "(secretsmanager:DescribeSecret); the Ray pods' role may then decrypt with them through Secrets Manager."
+            "(secretsmanager:DescribeSecret); the GPU workers' role may then decrypt with them through Secrets Manager."
         ),
     )
 

@@ -12,6 +12,7 @@ import yaml
 from config import versions
 from config.loader import ConfigError, parse_config
 from manifests import hf_token
+from manifests.contract import RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from tests.conftest import CONFIG_DIR, synth_variant
 from tests.secret_scan import find_secrets
 
@@ -77,7 +78,7 @@ def test_the_provider_class_names_exactly_the_configured_secret(gated):
     assert "SecretProviderClass" in manifests
 
 
-def test_only_the_ray_pods_role_may_read_that_one_secret(gated):
+def test_only_the_gpu_workers_role_may_read_that_one_secret(gated):
     _, template = gated
     readers = []
     for logical_id, policy in template.find_resources("AWS::IAM::Policy").items():
@@ -86,11 +87,11 @@ def test_only_the_ray_pods_role_may_read_that_one_secret(gated):
             if any(a.startswith("secretsmanager:") for a in actions):
                 readers.append((logical_id, statement))
     ((logical_id, statement),) = readers
-    # The policy is the Ray pods' role's: the role of the ray-serve service account's Pod Identity association.
+    # The policy is the GPU workers' role's: the role of their service account's Pod Identity association.
     (association,) = [
         r["Properties"]
         for r in template.find_resources("AWS::EKS::PodIdentityAssociation").values()
-        if r["Properties"]["ServiceAccount"] == "ray-serve"
+        if r["Properties"]["ServiceAccount"] == RAY_WORKER_SERVICE_ACCOUNT
     ]
     ray_role = association["RoleArn"]["Fn::GetAtt"][0]
     policy = template.to_json()["Resources"][logical_id]
@@ -278,12 +279,13 @@ def test_a_customer_managed_token_key_may_be_used_through_secrets_manager_only(t
     facts.write_text(json.dumps({"hf_token_kms_key_arn": TOKEN_KEY}))
     stack = build_app(str(config_path), outdir=str(tmp_path / "out"), deploy_facts=str(facts)).node.children[0]
     template = Template.from_stack(stack)
-    # The Ray pods mount the token; the mirror Job mounts it too, with its own role.
-    assert decrypt_statements(template, "ray-serve") == [DECRYPT_THROUGH_SECRETS_MANAGER]
+    # The GPU workers mount the token; the mirror Job mounts it too, with its own role; the head does not.
+    assert decrypt_statements(template, RAY_WORKER_SERVICE_ACCOUNT) == [DECRYPT_THROUGH_SECRETS_MANAGER]
+    assert decrypt_statements(template, RAY_HEAD_SERVICE_ACCOUNT) == []
     assert decrypt_statements(template, "model-mirror") == [DECRYPT_THROUGH_SECRETS_MANAGER]
 
 
 def test_no_key_grant_without_a_customer_managed_key(variant):
     _, template, _ = variant("gated-mirror", gated_mirror_data())
-    assert decrypt_statements(template, "ray-serve") == []
+    assert decrypt_statements(template, RAY_WORKER_SERVICE_ACCOUNT) == []
     assert decrypt_statements(template, "model-mirror") == []

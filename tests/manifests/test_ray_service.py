@@ -13,6 +13,7 @@ import yaml
 
 from config.loader import parse_config
 from kuberay.rules import validate_ray_service
+from manifests.contract import RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from serve_app.serve_config import IMPORT_PATH
 from serve_app.spec import ServingSpec
 from tests.conftest import (
@@ -215,10 +216,10 @@ def test_rayservice_manifest_depends_on_kuberay_and_service_account(synthesized)
 
 def test_serve_app_is_an_asset_read_through_pod_identity(synthesized):
     _, stack, template, _, outdir = synthesized("dev")
-    template.has_resource_properties(
-        "AWS::EKS::PodIdentityAssociation",
-        {"Namespace": "llm", "ServiceAccount": "ray-serve"},
-    )
+    for account in (RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT):
+        template.has_resource_properties(
+            "AWS::EKS::PodIdentityAssociation", {"Namespace": "llm", "ServiceAccount": account}
+        )
     serve_config = stack.serving.serve_config_v2
     url = yaml.safe_load(serve_config)["applications"][0]["runtime_env"]["working_dir"]
     assert re.match(r"^s3://cdk-[a-z0-9]+-assets-000000000000-us-east-2/[0-9a-f]{64}\.zip$", url)

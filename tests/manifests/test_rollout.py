@@ -131,6 +131,7 @@ def test_a_new_cluster_starts_at_the_replicas_that_serve_and_the_count_starts_no
     alone never starts an upgrade."""
     from config.loader import load_config
     from kuberay.oracle import cluster_spec_hash
+    from manifests.contract import RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
     from manifests.ray_service import ray_service
     from serve_app.serve_config import serve_config_yaml
     from tests.conftest import CONFIG_DIR
@@ -142,7 +143,8 @@ def test_a_new_cluster_starts_at_the_replicas_that_serve_and_the_count_starts_no
         manifest = ray_service(
             config,
             serve_config_v2=serve,
-            service_account="ray-serve",
+            head_service_account=RAY_HEAD_SERVICE_ACCOUNT,
+            worker_service_account=RAY_WORKER_SERVICE_ACCOUNT,
             gcs_store_host="master.pd-prod-gcs.example.cache.amazonaws.com",
             serving_replicas=replicas,
         )

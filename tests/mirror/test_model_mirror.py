@@ -10,6 +10,7 @@ import yaml
 
 from config.loader import ConfigError, parse_config
 from local.code_asset import LocalS3
+from manifests.contract import MIRROR_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from manifests.mirror_job import manifests
 from mirror import job
 from tests.conftest import CONFIG_DIR, ROOT, synth_variant
@@ -131,7 +132,7 @@ def test_the_stack_owns_an_encrypted_private_bucket_removed_as_the_environment_s
     prod.resource_count_is("Custom::S3AutoDeleteObjects", 0)
 
 
-def test_only_the_ray_pods_read_it_and_only_the_mirror_job_writes_it(tmp_path):
+def test_only_the_gpu_workers_read_it_and_only_the_mirror_job_writes_it(tmp_path):
     config_data = data("dev")
     config_data["serving"]["model"] = {
         "model_id": "qwen2.5-7b-instruct",
@@ -161,8 +162,9 @@ def test_only_the_ray_pods_read_it_and_only_the_mirror_job_writes_it(tmp_path):
             for s in by_role.get(role, [])
         )
     }
-    assert writes == {"model-mirror"}
-    assert "ray-serve" in reads
+    assert writes == {MIRROR_SERVICE_ACCOUNT}
+    # The engines on the GPU workers load the model; the head does not.
+    assert reads == {RAY_WORKER_SERVICE_ACCOUNT}
 
 
 def test_the_job_manifest_runs_the_script_on_the_system_nodes_with_the_writer(model_dir):
