@@ -2,7 +2,7 @@
 secrets their CSI volumes mount (and the customer-managed keys those are encrypted with), and, for
 the Ray pods, the S3 objects they fetch. The pods are taken from what the stack applies (the
 Kubernetes manifests in the synthesized template), with KubeRay's Redis cleanup Job as KubeRay 1.7.0
-builds it from the head (``kuberay.oracle.redis_cleanup_job_pod``) and the mirror Job as `make
+builds it from the head (``kuberay.oracle.redis_cleanup_pod``) and the mirror Job as `make
 mirror-model` renders it; the grants from the synthesized IAM policies."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from config.schema import DeployFacts
-from kuberay.oracle import ray_start_resources, redis_cleanup_job_pod
+from kuberay.oracle import ray_start_resources, redis_cleanup_pod
 from manifests.hf_token import CSI_DRIVER
 from manifests.ray_service import streamer_wheels_location
 from tests.conftest import CONFIG_DIR
@@ -166,9 +166,10 @@ def pods(config, objects: list[dict]) -> list[Pod]:
     cluster = service["spec"]["rayClusterConfig"]
     found = [Pod("head", namespace, cluster["headGroupSpec"]["template"]["spec"], cluster["headGroupSpec"])]
     found += [Pod(g["groupName"], namespace, g["template"]["spec"], g) for g in cluster["workerGroupSpecs"]]
-    cleanup = redis_cleanup_job_pod(cluster, cluster_name=service["metadata"]["name"])
-    if cleanup is not None:
-        found.append(Pod("redis-cleanup-job", namespace, cleanup))
+    if cluster.get("gcsFaultToleranceOptions") is not None:  # KubeRay's cleanup finalizer, and its Job
+        found.append(
+            Pod("redis-cleanup-job", namespace, redis_cleanup_pod(cluster, cluster_name=service["metadata"]["name"]))
+        )
     if config.model_mirror.enabled:
         from manifests.mirror_job import manifests
 
