@@ -26,11 +26,33 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from cdk_constructs.policy import acknowledge, acknowledge_checkov
-from config.schema import GcsStoreConfig
+from config.schema import DeployedGcsStore, GcsStoreConfig
 from config.versions import GCS_STORE_ENGINE, GCS_STORE_ENGINE_VERSION
 from manifests.gcs_store import STORE_PORT
 
 SECRET = "AWS::SecretsManager::Secret"
+
+
+def replication_step(*, multi_az: bool, deployed: DeployedGcsStore | None) -> tuple[int, bool]:
+    """(NumCacheClusters, AutomaticFailoverEnabled) for this deploy: the config's shape, or the step
+    towards it that ElastiCache accepts from the deployed one.
+
+    ElastiCache refuses to turn automatic failover on in the update that adds its replica
+    (ModifyReplicationGroup, InvalidParameterCombination: "must have at least one read replica to
+    enable autofailover"; CloudFormation applies both in one call, cloudformation-coverage-roadmap
+    #383), and to take the last replica away while failover is on ("When using automatic failover,
+    there must be at least 2 cache clusters in the replication group"). So both ways pass through two
+    nodes without failover: one deploy adds the replica (or turns failover off), the next turns
+    failover on (or removes the replica).
+    """
+    target = (2, True) if multi_az else (1, False)
+    if deployed is None:
+        return target
+    if target == (2, True) and deployed.nodes < 2:
+        return 2, False
+    if target == (1, False) and deployed.failover:
+        return 2, False
+    return target
 
 
 class GcsStore(Construct):
@@ -39,6 +61,8 @@ class GcsStore(Construct):
     Args:
         config: the store's section (``ray_service.gcs_fault_tolerance.store``).
         multi_az: a replica in a second zone with automatic failover (``AppConfig.gcs_store_multi_az``).
+        deployed: the replication group as the deployed template holds it (``DeployFacts.gcs_store``);
+            a change of ``multi_az`` then takes the step ElastiCache accepts (``replication_step``).
         vpc: the VPC.
         subnets: the private subnets (one per availability zone) the nodes may be placed in.
         cluster_security_group_id: the EKS cluster security group, which every node carries.
@@ -58,6 +82,7 @@ class GcsStore(Construct):
         vpc: ec2.IVpc,
         subnets: list[ec2.ISubnet],
         cluster_security_group_id: str,
+        deployed: DeployedGcsStore | None = None,
     ) -> None:
         super().__init__(scope, id_)
         stack = cdk.Stack.of(self)
@@ -89,6 +114,7 @@ class GcsStore(Construct):
             ec2.Port.tcp(STORE_PORT),
             "Ray GCS on the head pod (cluster security group) to Valkey over TLS",
         )
+        nodes, failover = replication_step(multi_az=multi_az, deployed=deployed)
         self.replication_group = elasticache.CfnReplicationGroup(
             self,
             "ReplicationGroup",
@@ -97,9 +123,9 @@ class GcsStore(Construct):
             engine_version=GCS_STORE_ENGINE_VERSION,
             cache_node_type=config.node_type,
             # Cluster mode disabled: one shard, a primary and (multi-AZ) one replica.
-            num_cache_clusters=2 if multi_az else 1,
-            automatic_failover_enabled=multi_az,
-            multi_az_enabled=multi_az,
+            num_cache_clusters=nodes,
+            automatic_failover_enabled=failover,
+            multi_az_enabled=failover,
             port=STORE_PORT,
             cache_subnet_group_name=self.subnet_group.ref,
             security_group_ids=[self.security_group.security_group_id],
@@ -113,7 +139,7 @@ class GcsStore(Construct):
         )
         self.replication_group.apply_removal_policy(cdk.RemovalPolicy.DESTROY)
         self.host: str = self.replication_group.attr_primary_end_point_address
-        self._acknowledge(multi_az)
+        self._acknowledge(failover)
 
     def _acknowledge(self, multi_az: bool) -> None:
         if not multi_az:

@@ -74,6 +74,9 @@ class RayServiceApp(Construct):
             cleanup Job) through the CSI driver.
         network_policies: the serving namespace's NetworkPolicies (``manifests.network_policies``),
             applied before the RayService, so that its pods start with them in place.
+        keep_secrets_store: the deployed RayService's pods mount through the Secrets Store CSI driver
+            (``DeployFacts.secrets_store_in_use``): its charts stay even when nothing new mounts through
+            them, since a pod whose CSI volume has no driver cannot unmount it and stays Terminating.
         api_key_key_arns: the customer-managed KMS keys of the API key secrets (resolved by `make
             deploy`'s guard: ``DeployFacts.api_key_kms_key_arns``); the GPU workers' role may decrypt with them.
         streamer_wheels: (bucket, prefix) of the model streamer's wheels in the stack's mirror, which
@@ -99,6 +102,7 @@ class RayServiceApp(Construct):
         gcs_store: GcsStore | None = None,
         streamer_wheels: tuple[str, str] | None = None,
         api_key_key_arns: Sequence[str] = (),
+        keep_secrets_store: bool = False,
         network_policies: Sequence[dict[str, Any]] = (),
     ) -> None:
         super().__init__(scope, id_)
@@ -138,7 +142,7 @@ class RayServiceApp(Construct):
         # The CSI driver and AWS's provider, for the token's and the API keys' mounts and for the GCS
         # store's Secret sync.
         self.secrets_store = None
-        if serving.model.hf_token_secret or gcs_store or rs.endpoint.api_key_secrets:
+        if serving.model.hf_token_secret or gcs_store or rs.endpoint.api_key_secrets or keep_secrets_store:
             self.secrets_store = HuggingFaceToken(
                 self,
                 "HfToken",

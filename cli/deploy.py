@@ -13,8 +13,11 @@
    (the guard names them) with --import-existing-resources.
 
 --template FILE previews offline against a saved template: no guard, no credentials; the node
-groups' sizes are the template's. Exits 2 on a refusal, 3 when something that holds state would be
-replaced or removed and --allow-replacement does not say that is intended.
+groups' sizes are the template's. Exits 2 on a refusal (an update CloudFormation would refuse among
+them), 3 when something that holds state would be replaced or removed and --allow-replacement does
+not say that is intended. What needs two deploys (the GCS store's replica and its failover; the
+store and the CSI driver while the serving RayService still uses them) is synthesized as its first
+step, and the preview names the next.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ from preview import cdk_diff
 from preview.serving import (
     access_entry_ids,
     creator_is_admin,
+    deployed_gcs_store,
     node_group_sizes,
     placement_group_tags,
     replaced_node_groups,
+    secrets_store_mounted,
 )
 from verify.kube import Kube, KubectlRunner, KubeError
 
@@ -129,13 +134,16 @@ def plan(config, config_path: str, *, outdir: Path, old: dict | None, facts: Dep
 
 def facts_from_deployed(facts: DeployFacts, old: dict) -> DeployFacts:
     """What the deployed template itself tells the synth: what it holds that cannot change in place
-    (how the cluster was created, the placement group's tags) and the logical id of each
-    principal's access entry."""
+    (how the cluster was created, the placement group's tags), the logical id of each principal's
+    access entry, the GCS store's replica and failover (ElastiCache changes one per deploy), and what
+    the serving RayService uses (the store, the CSI driver), which stays until a deploy after it."""
     return facts.model_copy(
         update={
             "access_entry_ids": access_entry_ids(old),
             "cluster_has_bootstrap_admin": creator_is_admin(old),
             "placement_group_tags": placement_group_tags(old),
+            "gcs_store": deployed_gcs_store(old),
+            "secrets_store_in_use": secrets_store_mounted(old),
         }
     )
 

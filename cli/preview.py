@@ -7,9 +7,12 @@ as the deploy does. The CDK CLI's own diff of the assembly against the
 template the environment runs now: read from CloudFormation (`cloudformation:GetTemplate`, with
 your credentials), or, offline, from --template. Then what the diff cannot say: what holds state
 and would be replaced, which phase loses its nodes, which RayService rollout happens, who gains or
-loses cluster admin, and the node groups' cost per hour before and after. Exits 3 when something
-that holds state would be replaced or removed, unless --allow-replacement (make deploy
-ALLOW_REPLACEMENT=1) says that is intended.
+loses cluster admin, and the node groups' cost per hour before and after. Exits 2 when CloudFormation
+would refuse the update and roll it back (a change that needs a step between, such as the GCS store's
+replica before its failover, or one no deploy can make, such as replacing a resource that keeps its
+custom name), whatever --allow-replacement says; 3 when something that holds
+state would be replaced or removed, unless --allow-replacement (make deploy ALLOW_REPLACEMENT=1)
+says that is intended.
 """
 
 from __future__ import annotations
@@ -113,9 +116,11 @@ def print_summary(config, diff: str, summary: Any, *, summary_only: bool, allow:
     for line in summary.lines():
         print(f"  {line}")
     if summary.refused or summary.two_deploys:
-        print(f"\n{config.stack_name}: not deployed, CloudFormation would roll this update back:", file=sys.stderr)
-        for line in (*summary.refused, *summary.two_deploys):
-            print(f"  {line}", file=sys.stderr)
+        how = "deploy the step between first" if not summary.refused else "no deploy can make this change"
+        print(
+            f"\n{config.stack_name}: not deployed, CloudFormation would roll this update back (above): {how}.",
+            file=sys.stderr,
+        )
         return REFUSED
     if summary.needs_confirmation and not allow:
         print(

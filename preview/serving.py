@@ -9,15 +9,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import catalog
-from consumers.template import manifests
+from config.schema import DeployedGcsStore
+from config.versions import SECRETS_STORE_CSI_DRIVER, SECRETS_STORE_CSI_PROVIDER_AWS
+from consumers.template import HELM_CHART_TYPE, manifests
 from kuberay.oracle import cluster_spec_hash
 from manifests.contract import PHASE_LABEL
+from manifests.hf_token import CSI_DRIVER
 from preview.cdk_diff import ResourceChange
 from preview.classes import ChangeClass, classify, moved_names, named_replacements
-from preview.spec import is_stateful, nested_replacements
+from preview.spec import nested_replacements, stateful_types
 
-# What is lost when CloudFormation replaces (creates anew, then deletes) or removes each.
-STATEFUL = {
+# Types that hold running state CloudFormation's specification does not mark (its isStateful covers
+# data stores): a cluster's objects, a node group's pods and loaded models, a workspace's metrics.
+RUNNING_STATE = {"AWS::EKS::Cluster", "AWS::EKS::Nodegroup", "AWS::APS::Workspace"}
+# What is lost when CloudFormation replaces (creates anew, then deletes) or removes one, for the types
+# this stack has; any other stateful type loses "what it holds".
+LOSS = {
     "AWS::EKS::Cluster": "every node, pod and Kubernetes object, and the API endpoint: serving stops until a new "
     "cluster is built and serves",
     "AWS::EKS::Nodegroup": "the group's nodes: their pods restart elsewhere, GPU workers load the model again",
@@ -25,18 +32,37 @@ STATEFUL = {
     "AWS::KMS::Key": "the key, once its deletion window ends: what it encrypted can no longer be read",
     "AWS::Logs::LogGroup": "the log events in it",
     "AWS::APS::Workspace": "the metrics stored in the Prometheus workspace",
+    "AWS::ElastiCache::ReplicationGroup": "the GCS state kept in it: a RayCluster's GCS exits when its store "
+    "goes, and its workers' raylets follow after the reconnect timeout (600 s)",
+    "AWS::SecretsManager::Secret": "the secret's value (a generated one cannot be had back): whoever reads it, "
+    "the store's AUTH token, gets a new one",
 }
-# A type the list above does not describe but CloudFormation's specification marks stateful (isStateful).
-STATEFUL_BY_SPECIFICATION = "what it holds (CloudFormation's resource specification marks the type stateful)"
+# What a pod's Secrets Store volume mounts and unmounts through: the driver and AWS's provider.
+CSI_CHARTS = {SECRETS_STORE_CSI_DRIVER.chart, SECRETS_STORE_CSI_PROVIDER_AWS.chart}
+REPLICATION_GROUP = "AWS::ElastiCache::ReplicationGroup"
 # A node group property whose change makes EKS roll the group's nodes (drain and replace, one at a time).
 ROLLING_PROPERTIES = {"LaunchTemplate", "ReleaseVersion", "Version", "AmiType"}
 RAY_SERVICE = "RayService"
+SECRET_PROVIDER_CLASS = "SecretProviderClass"
 RAY_SERVICE_PATH = "manifest-RayService/Resource"
+# How to remove what the serving cluster still uses without cutting it.
+IN_USE = (
+    "; the serving RayCluster uses it: in two deploys, `make deploy` keeps it while the deployed RayService "
+    "uses it (KubeRay moves serving to the new cluster meanwhile) and removes it in the deploy after"
+)
+
+
+def stateful_loss(resource_type: str) -> str | None:
+    """What replacing or removing a resource of this type loses; None for a type without state."""
+    if resource_type not in RUNNING_STATE and resource_type not in stateful_types():
+        return None
+    return LOSS.get(resource_type, "what it holds (CloudFormation's resource specification marks the type stateful)")
 
 
 @dataclass
 class Preview:
     stateful: list[str] = field(default_factory=list)  # loud: what is replaced or removed, and what is lost
+    store: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     ray_service: list[str] = field(default_factory=list)
     access: list[str] = field(default_factory=list)
@@ -64,6 +90,7 @@ class Preview:
             ("Refused: no deploy can make this change", self.refused),
             ("Needs two deploys", self.two_deploys),
             ("Replaced or removed, with what is lost", self.stateful),
+            ("GCS store", self.store),
             ("GPU and system nodes", self.nodes),
             ("RayService", self.ray_service),
             ("Cluster admin access", self.access),
@@ -154,6 +181,71 @@ def placement_group_tags(template: dict) -> dict[str, str] | None:
         tags = group.get("Properties", {}).get("Tags") or []
         if tags and all(isinstance(t.get("Key"), str) and isinstance(t.get("Value"), str) for t in tags):
             return {t["Key"]: t["Value"] for t in tags}
+    return None
+
+
+def _references(value: Any) -> set[str]:
+    """The logical ids ``value`` names through Ref or Fn::GetAtt."""
+    if isinstance(value, dict):
+        found = {ref} if (ref := _ref(value)) else set()
+        return found.union(*(_references(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_references(v) for v in value))
+    return set()
+
+
+def _pod_templates(ray_service: dict) -> list[dict]:
+    cluster = ray_service.get("spec", {}).get("rayClusterConfig", {})
+    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
+    return [group.get("template", {}).get("spec", {}) for group in groups]
+
+
+def _secrets_store_classes(ray_service: dict) -> set[str]:
+    """The SecretProviderClasses the RayService's pods mount through the Secrets Store CSI driver."""
+    return {
+        volume["csi"].get("volumeAttributes", {}).get("secretProviderClass", "")
+        for pod in _pod_templates(ray_service)
+        for volume in pod.get("volumes") or []
+        if (volume.get("csi") or {}).get("driver") == CSI_DRIVER
+    }
+
+
+def secrets_store_mounted(template: dict) -> bool:
+    """The template's RayService mounts volumes through the Secrets Store CSI driver."""
+    ray_service = ray_service_of(template)
+    return bool(ray_service and _secrets_store_classes(ray_service))
+
+
+def used_by_serving(template: dict) -> set[str]:
+    """Logical ids of the resources the template's RayService reaches: those its manifest names (the
+    GCS store's endpoint, a model bucket) and those named by the SecretProviderClasses its pods mount
+    (the store's AUTH token)."""
+    resources = template.get("Resources", {})
+    items = manifests(template)
+    serving = [(logical_id, item) for logical_id, item in items if item.get("kind") == RAY_SERVICE]
+    if not serving:
+        return set()
+    logical_id, ray_service = serving[0]
+    used = _references(resources[logical_id]["Properties"]["Manifest"])
+    mounted = _secrets_store_classes(ray_service)
+    for class_id, item in items:
+        if item.get("kind") == SECRET_PROVIDER_CLASS and item.get("metadata", {}).get("name") in mounted:
+            used |= _references(resources[class_id]["Properties"]["Manifest"])
+    return used
+
+
+def deployed_gcs_store(template: dict) -> DeployedGcsStore | None:
+    """The template's GCS store (its replication group's shape), and whether its RayService keeps the
+    GCS there."""
+    for group in _resources(template, REPLICATION_GROUP).values():
+        props = group.get("Properties", {})
+        ray_service = ray_service_of(template) or {}
+        return DeployedGcsStore(
+            node_type=props.get("CacheNodeType", ""),
+            nodes=int(props.get("NumCacheClusters", 1)),
+            failover=props.get("AutomaticFailoverEnabled") is True,
+            in_use="gcsFaultToleranceOptions" in ray_service.get("spec", {}).get("rayClusterConfig", {}),
+        )
     return None
 
 
@@ -389,6 +481,72 @@ def _chart_lines(old: dict, new: dict, preview: Preview) -> None:
             preview.charts.append(f"{chart}: {before[chart]} -> {after[chart]} (helm upgrade){note}")
 
 
+def _mount_driver_lines(old: dict, changes: list[ResourceChange], preview: Preview) -> None:
+    """A Secrets Store chart removed while the deployed RayService's pods mount through it: the
+    kubelet unmounts a CSI volume through its driver, so those pods would stay Terminating."""
+    if not secrets_store_mounted(old):
+        return
+    charts = _resources(old, HELM_CHART_TYPE)
+    for change in changes:
+        chart = charts.get(change.logical_id, {}).get("Properties", {}).get("Chart")
+        if change.op == "-" and chart in CSI_CHARTS:
+            preview.stateful.append(
+                f"REMOVED: the {chart} chart {change.logical_id}: the serving RayCluster's pods mount secrets "
+                "through it, and without it their volumes cannot unmount (the pods stay Terminating); in two "
+                "deploys: `make deploy` keeps it while the deployed RayService mounts through it and removes it "
+                "in the deploy after"
+            )
+
+
+def _store_shape(template: dict) -> tuple[int, bool] | None:
+    store = deployed_gcs_store(template)
+    return (store.nodes, store.failover) if store else None
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _store_lines(old: dict, new: dict, preview: Preview, config: Any) -> None:
+    """The GCS store's replica and failover, one step at a time (``cdk_constructs.gcs_store.replication_step``
+    cites ElastiCache's rule), and a store kept one deploy longer for the cluster that serves."""
+    before, after = _store_shape(old), _store_shape(new)
+    if before and after and before != after:
+        (nodes_before, failover_before), (nodes_after, failover_after) = before, after
+        change = (
+            f"NumCacheClusters {nodes_before} -> {nodes_after}, automatic failover "
+            f"{_on_off(failover_before)} -> {_on_off(failover_after)}"
+        )
+        if failover_after and not failover_before and nodes_before < 2:
+            preview.two_deploys.append(
+                f'GCS store: {change} in one update, which ElastiCache refuses ("must have at least one read '
+                f'replica to enable autofailover"); deploy first with NumCacheClusters {nodes_after}, failover off '
+                "(`make deploy` takes that step itself from the deployed template)"
+            )
+        elif failover_before and nodes_after < 2:
+            preview.two_deploys.append(
+                f"GCS store: {change} in one update, which ElastiCache refuses (no removing the last replica while "
+                f"failover is on); deploy first with NumCacheClusters {nodes_before}, failover off (`make deploy` "
+                "takes that step itself from the deployed template)"
+            )
+        else:
+            preview.store.append(f"{change}: updated in place; the primary keeps serving the GCS")
+    if after and config is not None and config.gcs_fault_tolerant:
+        target = (2, True) if config.gcs_store_multi_az else (1, False)
+        if after != target:
+            preview.store.append(
+                f"the next `make deploy` goes on to NumCacheClusters {target[0]}, automatic failover "
+                f"{_on_off(target[1])}: ElastiCache takes a replica and failover one update at a time"
+            )
+    old_store, new_store = deployed_gcs_store(old), deployed_gcs_store(new)
+    if old_store and old_store.in_use and new_store and not new_store.in_use:
+        preview.store.append(
+            "kept for this deploy: the RayCluster serving now keeps its GCS there until KubeRay deletes it after "
+            "the switch to the new cluster; the next `make deploy` removes the store and its AUTH token "
+            "(with ALLOW_REPLACEMENT=1)"
+        )
+
+
 def _where(change: ResourceChange) -> str:
     return f" ({change.path})" if change.path else ""
 
@@ -416,13 +574,15 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
     preview = Preview(changes=changes)
     by_id = {c.logical_id: c for c in changes}
     old_resources = old.get("Resources", {})
+    in_use = used_by_serving(old)
     for change in changes:
-        loss = STATEFUL.get(change.type) or (STATEFUL_BY_SPECIFICATION if is_stateful(change.type) else None)
+        loss = stateful_loss(change.type)
         if loss is None:
             continue
+        serving = IN_USE if change.logical_id in in_use else ""
         if change.replaced or change.may_be_replaced:
             verb = "REPLACED" if change.replaced else "MAY BE REPLACED"
-            preview.stateful.append(f"{verb}: {change.type} {change.logical_id}{_where(change)}: {loss}")
+            preview.stateful.append(f"{verb}: {change.type} {change.logical_id}{_where(change)}: {loss}{serving}")
         elif change.op == "-":
             policy = old_resources.get(change.logical_id, {}).get("DeletionPolicy", "Delete")
             if policy == "Retain":
@@ -430,17 +590,23 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
                     f"{change.type} {change.logical_id} leaves the stack but is kept (DeletionPolicy Retain)"
                 )
             else:
-                preview.stateful.append(f"REMOVED: {change.type} {change.logical_id}{_where(change)}: {loss}")
+                preview.stateful.append(f"REMOVED: {change.type} {change.logical_id}{_where(change)}: {loss}{serving}")
     preview.refused += named_replacements(old, new, changes)
     preview.two_deploys += moved_names(old, new, changes)
+    _mount_driver_lines(old, changes, preview)
+    _store_lines(old, new, preview, config)
     _node_lines(old, new, by_id, preview)
     _control_plane_lines(old, new, preview)
     _ray_service_lines(old, new, preview, config)
     _access_lines(old, new, by_id, preview)
     _creator_admin_line(new, preview, config)
     _chart_lines(old, new, preview)
-    explained = {"AWS::EKS::Nodegroup", "AWS::EKS::AccessEntry", "Custom::AWSCDK-EKS-HelmChart", *STATEFUL}
-    preview.other = sum(1 for c in changes if c.type not in explained and not c.path.endswith(RAY_SERVICE_PATH))
+    explained = {"AWS::EKS::Nodegroup", "AWS::EKS::AccessEntry", HELM_CHART_TYPE}
+    preview.other = sum(
+        1
+        for c in changes
+        if c.type not in explained and stateful_loss(c.type) is None and not c.path.endswith(RAY_SERVICE_PATH)
+    )
     before, after = _group_cost(old, new), _group_cost(new, old)
     if round(before, 4) != round(after, 4):
         preview.cost = f"node groups ${before:.2f} -> ${after:.2f} (at their desired sizes, on-demand)"

@@ -1,4 +1,5 @@
-"""Replacements the CDK CLI's diff does not show: those caused by a nested property.
+"""What CloudFormation's resource specification says beyond the CDK CLI's diff: replacements caused by
+a nested property, and which resource types hold state.
 
 The CLI marks a resource "replace" only for a top-level property that causes replacement. Its own
 copy of CloudFormation's resource specification (``db.json.gz`` in the aws-cdk package, the data
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 SPEC_DB = Path(__file__).resolve().parent.parent / "node_modules" / "aws-cdk" / "db.json.gz"
+# A resource entity's mark for a type that holds data (the same list cfn-lint's I3011 reads).
+STATEFUL_MARK = "isStateful"
 
 
 @lru_cache(maxsize=1)
@@ -28,6 +31,15 @@ def _entities(path: Path = SPEC_DB) -> tuple[dict[str, dict], dict[str, dict]]:
     return resources, types
 
 
+@lru_cache(maxsize=1)
+def stateful_types() -> frozenset[str]:
+    """The resource types the specification marks as holding state (``isStateful``: databases, caches,
+    secrets, buckets, keys, log groups; the list cfn-lint's I3011 reads too): what deleting or
+    replacing one loses cannot be synthesized again."""
+    resources, _ = _entities()
+    return frozenset(name for name, r in resources.items() if r.get(STATEFUL_MARK))
+
+
 def _spec() -> tuple[dict[str, dict], dict[str, dict]]:
     """(resource type -> its properties, type definition id -> its properties)."""
     resources, types = _entities()
@@ -37,11 +49,6 @@ def _spec() -> tuple[dict[str, dict], dict[str, dict]]:
 def primary_identifier(resource_type: str) -> list[str]:
     """The properties that name a resource of this type (``LogGroupName``, an EKS cluster's ``Name``)."""
     return list(_entities()[0].get(resource_type, {}).get("primaryIdentifier", []))
-
-
-def is_stateful(resource_type: str) -> bool:
-    """CloudFormation's specification marks the type as holding data that a replacement or removal loses."""
-    return bool(_entities()[0].get(resource_type, {}).get("isStateful"))
 
 
 def physical_name(resource_type: str, properties: dict) -> tuple | None:

@@ -17,7 +17,7 @@ from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
-from config.schema import AppConfig, DeployFacts
+from config.schema import AppConfig, DeployFacts, GcsStoreConfig
 from manifests.contract import PHASES, RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from manifests.finalizers import POD_NETWORK_ADDONS
 from manifests.network_policies import network_policies
@@ -118,6 +118,7 @@ class PdServingStack(Stack):
         addons.efa_device_plugin(self, cluster=cluster, version=charts.efa_device_plugin)
         self.kuberay = addons.kuberay_operator(self, cluster=cluster, version=charts.kuberay_operator)
         gcs_ft = config.ray_service.gcs_fault_tolerance
+        deployed_store = deployer.gcs_store
         gcs_store = None
         if config.gcs_fault_tolerant and gcs_ft.store:
             gcs_store = GcsStore(
@@ -128,6 +129,21 @@ class PdServingStack(Stack):
                 vpc=network.vpc,
                 subnets=network.private_subnets,
                 cluster_security_group_id=cluster.cluster_security_group_id,
+                deployed=deployed_store,
+            )
+        elif deployed_store and deployed_store.in_use:
+            # Fault tolerance turned off: the RayCluster that serves now keeps its GCS in the store
+            # until KubeRay deletes it, minutes after this deploy. The store stays as it is for this
+            # deploy (the new RayService no longer names it); the next deploy removes it.
+            gcs_store = GcsStore(
+                self,
+                "GcsStore",
+                config=GcsStoreConfig(node_type=deployed_store.node_type),
+                multi_az=deployed_store.failover,
+                vpc=network.vpc,
+                subnets=network.private_subnets,
+                cluster_security_group_id=cluster.cluster_security_group_id,
+                deployed=deployed_store,
             )
         serving = RayServiceApp(
             self,
@@ -141,7 +157,7 @@ class PdServingStack(Stack):
                 serve_config_v2=serve_config_v2,
                 head_service_account=RAY_HEAD_SERVICE_ACCOUNT,
                 worker_service_account=RAY_WORKER_SERVICE_ACCOUNT,
-                gcs_store_host=gcs_store.host if gcs_store else None,
+                gcs_store_host=gcs_store.host if gcs_store and config.gcs_fault_tolerant else None,
                 serving_replicas=deployer.worker_replicas,
             ),
             operator=self.kuberay,
@@ -149,6 +165,7 @@ class PdServingStack(Stack):
             gcs_store=gcs_store,
             streamer_wheels=streamer_wheels_location(config),
             api_key_key_arns=deployer.api_key_kms_key_arns,
+            keep_secrets_store=deployer.secrets_store_in_use,
             network_policies=network_policies(config) if config.cluster.network_policies else (),
         )
         mirror = None

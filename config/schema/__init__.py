@@ -32,7 +32,14 @@ from config.schema.cluster import (
     RootVolume,
     SystemNodeGroupConfig,
 )
-from config.schema.deploy import PLACEHOLDER_ACCOUNT, UNRESOLVED_DEPLOYER_CIDR, AwsTarget, DeployFacts, NodeGroupName
+from config.schema.deploy import (
+    PLACEHOLDER_ACCOUNT,
+    UNRESOLVED_DEPLOYER_CIDR,
+    AwsTarget,
+    DeployedGcsStore,
+    DeployFacts,
+    NodeGroupName,
+)
 from config.schema.mirror import S3_BUCKET_NAME, ModelMirrorConfig, s3_bucket_name_problem
 from config.schema.network import NetworkConfig
 from config.schema.observability import (
@@ -68,6 +75,7 @@ __all__ = [
     "ChartVersions",
     "ClusterConfig",
     "DeployFacts",
+    "DeployedGcsStore",
     "NodeGroupName",
     "EndpointAccessConfig",
     "EndpointExposure",

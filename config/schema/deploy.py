@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, StringConstraints, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, field_validator
 
 from config.schema.base import IAM_PRINCIPAL_ARN, StrictModel
 
@@ -29,6 +29,21 @@ class AwsTarget(StrictModel):
     region: str = Field(
         description="AWS region, for example us-east-2.",
         pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$",
+    )
+
+
+class DeployedGcsStore(StrictModel):
+    """The GCS store's replication group as the deployed template holds it, and whether the deployed
+    RayService keeps its GCS there."""
+
+    node_type: str = Field(description="CacheNodeType of the deployed replication group.")
+    nodes: PositiveInt = Field(description="NumCacheClusters: the primary and its replicas.")
+    failover: bool = Field(description="AutomaticFailoverEnabled (MultiAZEnabled follows it).")
+    in_use: bool = Field(
+        description=(
+            "The deployed RayService carries gcsFaultToleranceOptions: the RayCluster it serves from keeps its "
+            "GCS in this store until KubeRay deletes that cluster."
+        )
     )
 
 
@@ -88,6 +103,22 @@ class DeployFacts(StrictModel):
         description=(
             "The tags the deployed GPU placement group carries (an earlier release tagged it). Its tags cannot "
             "change without replacing it, and every GPU node with it: they are kept as they are."
+        ),
+    )
+    gcs_store: DeployedGcsStore | None = Field(
+        default=None,
+        description=(
+            "The GCS store of the deployed template. ElastiCache turns automatic failover on only once a "
+            "replica exists, and removes the last replica only once failover is off: the stack steps through "
+            "two nodes without failover, one deploy at a time. While the deployed RayService keeps its GCS in "
+            "the store, turning fault tolerance off keeps the store for one more deploy."
+        ),
+    )
+    secrets_store_in_use: bool = Field(
+        default=False,
+        description=(
+            "The deployed RayService's pods mount volumes through the Secrets Store CSI driver: its charts stay "
+            "for this deploy even when nothing new needs them, so that the serving pods' volumes can unmount."
         ),
     )
     hf_token_kms_key_arn: str | None = Field(

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from cli import deploy as cli_deploy
+from consumers.template import HELM_CHART_TYPE as HELM_CHART
 from manifests.contract import PHASE_LABEL
 from tests.conftest import ROOT
 from tests.preview.catalog import ADMIN_A, ADMIN_B
@@ -119,3 +120,103 @@ def test_make_preview_with_credentials_reads_the_sizes_and_the_deployed_template
         assert f"loses cluster admin: {admin.replace('000000000000', ACCOUNT)}" in out
     assert "gains cluster admin: arn:aws:iam::111122223333:role/aws-reserved/sso.amazonaws.com/" in out
     assert node_group_sizes(outdir) == {"system": None, "prefill": None, "decode": None}
+
+
+# --- what needs two deploys, offline: the template of the first as the deployed one of the second --------
+
+
+def with_gcs_store(**store) -> dict:
+    from tests.cdk_constructs.test_gcs_store import dev_ft_data
+
+    data = dev_ft_data()
+    if store:
+        data["ray_service"]["gcs_fault_tolerance"]["store"] = store
+    return data
+
+
+def deployed_template(variant, name: str, data: dict, facts=None):
+    """The template of a stack deployed from ``data`` (the session's synth of that variant)."""
+    _, _, outdir = variant(name, data, facts)
+    return outdir / "pd-dev-pd-serving.template.json"
+
+
+def deploy_preview(tmp_path, name: str, data: dict, deployed) -> tuple[int, dict]:
+    """make preview CONFIG=<data> TEMPLATE=<deployed>: the exit status and the template it synthesized."""
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(data))
+    outdir = tmp_path / f"{name}.out"
+    args = [str(config), "--preview-only", "--template", str(deployed), "--outdir", str(outdir), "--summary-only"]
+    code = cli_deploy.main(args)
+    return code, json.loads((outdir / "pd-dev-pd-serving.template.json").read_text())
+
+
+def store_shape(template: dict) -> tuple[int, bool] | None:
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::ElastiCache::ReplicationGroup":
+            props = resource["Properties"]
+            assert props["MultiAZEnabled"] is props["AutomaticFailoverEnabled"]
+            return props["NumCacheClusters"], props["AutomaticFailoverEnabled"]
+    return None
+
+
+def csi_charts(template: dict) -> set[str]:
+    charts = {r["Properties"]["Chart"] for r in template["Resources"].values() if r["Type"] == HELM_CHART}
+    return charts & {"secrets-store-csi-driver", "secrets-store-csi-driver-provider-aws"}
+
+
+def test_the_stores_second_zone_is_added_in_two_deploys(tmp_path, variant, capsys):
+    """ElastiCache turns failover on only once the replica exists: the first deploy adds the replica, the
+    second (over the first's template) turns failover on; neither is an update CloudFormation refuses."""
+    deployed = deployed_template(variant, "gcs-ft-dev", with_gcs_store())
+    code, first = deploy_preview(tmp_path, "multi-az", with_gcs_store(multi_az=True), deployed)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert store_shape(first) == (2, False)
+    assert "NumCacheClusters 1 -> 2, automatic failover off -> off: updated in place" in out
+    assert "the next `make deploy` goes on to NumCacheClusters 2, automatic failover on" in out
+    deployed_first = tmp_path / "first.template.json"
+    deployed_first.write_text(json.dumps(first))
+    code, second = deploy_preview(tmp_path, "multi-az-again", with_gcs_store(multi_az=True), deployed_first)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert store_shape(second) == (2, True)
+    assert "NumCacheClusters 2 -> 2, automatic failover off -> on: updated in place" in out
+    assert "the next `make deploy`" not in out
+
+
+def test_turning_fault_tolerance_off_keeps_the_store_for_the_cluster_that_serves(tmp_path, variant, capsys):
+    """The new RayService no longer names the store, while the RayCluster serving now keeps its GCS there
+    until KubeRay deletes it: the store, its token and the CSI driver stay for this deploy, and the
+    template it leaves tells the next deploy that nothing serving uses the store any more."""
+    from preview.serving import ray_service_of
+
+    deployed = deployed_template(variant, "gcs-ft-dev", with_gcs_store())
+    code, first = deploy_preview(tmp_path, "ft-off", dev(), deployed)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert store_shape(first) == (1, False)
+    ray_service = ray_service_of(first)
+    assert ray_service and "gcsFaultToleranceOptions" not in ray_service["spec"]["rayClusterConfig"]
+    assert len(csi_charts(first)) == 2
+    assert "kept for this deploy: the RayCluster serving now keeps its GCS there" in out
+    assert "REMOVED" not in out and "uninstalled" not in out
+    from preview.serving import deployed_gcs_store
+
+    kept = deployed_gcs_store(first)
+    assert (
+        kept is not None and not kept.in_use
+    )  # so the next deploy removes it (loudly: tests/preview/test_stateful.py)
+
+
+def test_removing_every_api_key_keeps_the_csi_driver_the_workers_mount_through(tmp_path, variant, capsys):
+    """With no other secret to mount, removing the API keys would uninstall the CSI driver while the
+    serving workers' key volumes are mounted through it: the deploy keeps its charts."""
+    from config.schema import DeployFacts
+    from tests.cdk_constructs.test_api_keys import CUSTOMER_KEY, keyed_data
+
+    deployed = deployed_template(variant, "api-keys", keyed_data(), DeployFacts(api_key_kms_key_arns=[CUSTOMER_KEY]))
+    code, after = deploy_preview(tmp_path, "unkeyed", dev(), deployed)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert len(csi_charts(after)) == 2
+    assert "uninstalled" not in out

@@ -121,4 +121,7 @@ def test_an_update_cloudformation_would_roll_back_is_refused_even_when_replaceme
     assert cli_preview.print_summary(config, "", summary, summary_only=True, allow=allow) == cli_preview.REFUSED
     captured = capsys.readouterr()
     assert "Class of change: refused" in captured.out
-    assert "CloudFormation would roll this update back" in captured.err
+    assert captured.err.strip() == (
+        "pd-dev-pd-serving: not deployed, CloudFormation would roll this update back (above): no deploy can make "
+        "this change."
+    )
