@@ -6,11 +6,12 @@ generates in Secrets Manager and hands to ElastiCache as a CloudFormation dynami
 through the Secrets Store CSI driver (``manifests.gcs_store``). Only the cluster security group (every
 node's, so the head's pod IP) reaches port 6379.
 
-Ray's GCS verifies the server's certificate against the default trust store when no CA is given
-(hiredis ``redisCreateSSLContext`` → ``SSL_CTX_set_default_verify_paths``, ``SSL_VERIFY_PEER``;
-Ray 2.58.0 passes no CA unless ``RAY_REDIS_CA_CERT``/``RAY_REDIS_CA_PATH`` are set), and
-ElastiCache's in-transit certificates chain to Amazon's public root CA, which the image's system
-trust store holds. So nothing but the ``rediss://`` scheme is needed.
+Ray's GCS verifies the server's certificate (hiredis ``redisCreateSSLContext``, ``SSL_VERIFY_PEER``)
+against the CA file ``RAY_REDIS_CA_CERT`` names; without one it falls back to the default paths of
+the BoringSSL linked into ``gcs_server`` (``/etc/ssl/cert.pem``), which are not the image's. So the
+head names the image's CA bundle (``manifests.gcs_store.tls_env``, the path in
+``config.versions.SERVING_IMAGE_CA_BUNDLE``); ElastiCache's in-transit certificates chain to
+Amazon's public root CAs, which it holds.
 
 What the store holds is the GCS's metadata of one RayCluster (under a key prefix named by the
 RayCluster's UID), not user data: it is deleted with the stack, keeps no snapshots, and a single

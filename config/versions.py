@@ -191,6 +191,9 @@ SERVING_IMAGE_REPOSITORY = "763104351884.dkr.ecr.{region}.amazonaws.com/ray"
 SERVING_IMAGE_TAG = "serve-llm-cuda-v1.0.0"
 SERVING_IMAGE_RAY_VERSION = "2.58.0"
 SERVING_IMAGE_VLLM_VERSION = "0.26.0"
+# The image is built on Amazon Linux 2023, whose ca-certificates package keeps the system's CA
+# bundle (Amazon's root CAs among them) here; the GCS is told to trust it for the store's TLS.
+SERVING_IMAGE_CA_BUNDLE = "/etc/pki/tls/certs/ca-bundle.crt"
 # Root volume a node needs to pull the serving image: containerd keeps the compressed layers and
 # the unpacked snapshot (tens of GB for a CUDA + PyTorch + vLLM image), plus the OS and other images.
 SERVING_IMAGE_NODE_DISK_GIB = 100

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from config.versions import SERVING_IMAGE_CA_BUNDLE
 from manifests.hf_token import aws_secret_provider_class, mount_secrets
 
 PROVIDER_CLASS = "gcs-store-auth"
@@ -37,11 +38,24 @@ STORE_PORT = 6379
 # rediss://: Ray's GCS turns TLS on from the scheme (ray/_private/services.py, get_address, in Ray
 # 2.58.0), and so does KubeRay's Redis cleanup Job (use_ssl=parsed.scheme=='rediss').
 TLS_SCHEME = "rediss"
+# Ray's system config REDIS_CA_CERT, read from the environment: the CA file the GCS (and KubeRay's
+# cleanup Job, built from the head's pod template) verifies the store's certificate with. Unset,
+# the BoringSSL linked into gcs_server falls back to its own default file (/etc/ssl/cert.pem), not
+# the image's bundle; Ray's KubeRay GCS fault-tolerance guide sets it for a managed Redis.
+CA_CERT_ENV = "RAY_REDIS_CA_CERT"
 
 
 def redis_address(host: str) -> str:
     """KubeRay's ``redisAddress`` for the store's primary endpoint (a CloudFormation token at synth)."""
     return f"{TLS_SCHEME}://{host}:{STORE_PORT}"
+
+
+def tls_env(address: str) -> list[dict[str, str]]:
+    """The head's environment for the store at ``address``: the image's CA bundle when the address
+    turns TLS on (``rediss://``), nothing for a plain one (the local server's loopback Redis)."""
+    if not address.startswith(f"{TLS_SCHEME}://"):
+        return []
+    return [{"name": CA_CERT_ENV, "value": SERVING_IMAGE_CA_BUNDLE}]
 
 
 def fault_tolerance_options(host: str) -> dict[str, Any]:
@@ -71,7 +85,8 @@ def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> di
     )
 
 
-def mount_on_head(head: dict[str, Any]) -> None:
+def mount_on_head(head: dict[str, Any], *, address: str) -> None:
     """The CSI volume on the head pod (and so on KubeRay's cleanup Job), which makes the driver sync
-    the Secret that ``REDIS_PASSWORD`` is read from."""
+    the Secret that ``REDIS_PASSWORD`` is read from; and the CA bundle for the store at ``address``."""
     mount_secrets(head, volume=VOLUME, provider_class=PROVIDER_CLASS, mount_path=MOUNT_PATH)
+    head["template"]["spec"]["containers"][0].setdefault("env", []).extend(tls_env(address))

@@ -461,8 +461,9 @@ def ray_service(
             raise ValueError("GCS fault tolerance is on: ray_service() needs the store's host (gcs_store_host)")
         # The GCS keeps its tables in the store; a restarted head reads them back and the workers'
         # raylets reconnect (KubeRay gives them RAY_gcs_rpc_server_reconnect_timeout_s=600).
-        spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = gcs_store.fault_tolerance_options(gcs_store_host)
-        gcs_store.mount_on_head(spec["rayClusterConfig"]["headGroupSpec"])
+        options = gcs_store.fault_tolerance_options(gcs_store_host)
+        spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = options
+        gcs_store.mount_on_head(spec["rayClusterConfig"]["headGroupSpec"], address=options["redisAddress"])
     service = serve_service(rs)
     if service:
         spec["serveService"] = service

@@ -153,3 +153,43 @@ def test_without_fault_tolerance_the_driver_syncs_no_secrets(variant):
     _, template, _ = variant("gated", gated_data())
     charts = {r["Properties"]["Chart"]: r for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()}
     assert "syncSecret" not in json.loads(charts["secrets-store-csi-driver"]["Properties"]["Values"])
+
+
+def ray_reads_from_env(name: str, value: str) -> str:
+    """What Ray's own system config (``ray._raylet.Config``) holds for ``name`` with the environment
+    variable the manifest sets: proof that Ray reads that variable, not a name copied by hand."""
+    import os
+    import subprocess
+    import sys
+
+    key = name.removeprefix("RAY_")
+    script = f"from ray._raylet import Config; Config.initialize(''); print(Config.{key}().decode())"
+    env = {**os.environ, name: value}
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_the_head_trusts_the_images_ca_bundle_for_the_stores_tls(prod):
+    """A rediss:// store: the head (and so KubeRay's cleanup Job, built from its template) names the
+    image's CA bundle in the variable Ray's GCS reads its CA file from; no worker gets it."""
+    stack, _ = prod
+    cluster = stack.resolve(stack.serving.manifest_body["spec"]["rayClusterConfig"])
+    assert json.dumps(cluster["gcsFaultToleranceOptions"]["redisAddress"]).startswith('{"Fn::Join": ["", ["rediss://')
+    head_env = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    (name,) = [e["name"] for e in head_env if e.get("value") == versions.SERVING_IMAGE_CA_BUNDLE]
+    assert versions.SERVING_IMAGE_CA_BUNDLE == "/etc/pki/tls/certs/ca-bundle.crt"  # Amazon Linux 2023's
+    assert ray_reads_from_env(name, versions.SERVING_IMAGE_CA_BUNDLE) == versions.SERVING_IMAGE_CA_BUNDLE
+    for group in cluster["workerGroupSpecs"]:
+        assert name not in {e["name"] for e in group["template"]["spec"]["containers"][0].get("env", [])}
+
+
+def test_a_store_without_tls_gets_no_ca_the_local_servers_loopback_redis():
+    """`make local HA=1` runs the GCS on a loopback Redis without TLS: its address has no rediss://
+    scheme, so no CA file is named for it."""
+    from local.ray_internals import gcs_fault_tolerance_env
+
+    local = gcs_fault_tolerance_env("127.0.0.1:6380", namespace="run")
+    assert gcs_store.tls_env(local["RAY_REDIS_ADDRESS"]) == []
+    assert not any(name.endswith("CA_CERT") for name in local)
+    assert gcs_store.tls_env(gcs_store.redis_address("store.example")) != []

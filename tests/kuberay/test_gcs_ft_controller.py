@@ -161,7 +161,7 @@ def test_kuberay_gives_workers_ten_minutes_to_wait_for_a_restarted_gcs():
 
 
 def test_turning_fault_tolerance_on_starts_a_new_cluster_rollout(dev_data):
-    """The options and the head's CSI volume are in the cluster spec KubeRay hashes; with the same worker
+    """The options, the head's CSI volume and its CA bundle are in the cluster spec KubeRay hashes; with the same worker
     groups the hash differs in full and in part, so shouldPrepareNewCluster starts a NewCluster upgrade
     (a second head and second GPU workers until the switch), not an in-place update."""
     before = rendered_ray_service(parse_config(dev_data))
@@ -179,6 +179,8 @@ def test_turning_fault_tolerance_on_starts_a_new_cluster_rollout(dev_data):
     head_pod["containers"][0]["volumeMounts"] = [m for m in mounts if m["name"] != gcs_store.VOLUME]
     if not head_pod["containers"][0]["volumeMounts"]:
         head_pod["containers"][0].pop("volumeMounts")
+    tls = gcs_store.tls_env(cluster_of(after)["gcsFaultToleranceOptions"]["redisAddress"])
+    head_pod["containers"][0]["env"] = [e for e in head_pod["containers"][0]["env"] if e not in tls]
     assert cluster_spec_hash(stripped) == cluster_spec_hash(cluster_of(before))
 
 
