@@ -14,7 +14,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
-from cdk_constructs.policy import acknowledge_guard, limit_grants_to_aws_services
+from cdk_constructs.policy import acknowledge_checkov, acknowledge_guard, limit_grants_to_aws_services
 
 # Control Tower's CT.CLOUDWATCH.PR.2 asks for a year or more.
 CONTROL_TOWER_MIN_RETENTION_DAYS = 365
@@ -86,6 +86,26 @@ class EncryptedLogs(Construct):
                 "whole; set the config's retention to 365 where an audit needs a year.",
                 resource_type="AWS::Logs::LogGroup",
             )
+        return group
+
+    def adopted_log_group(self, scope: Construct, id_: str, *, name: str) -> logs.LogGroup:
+        """A log group a service made outside the stack, taken in as it is by this deploy's import
+        (``cdk deploy --import-existing-resources``): CloudFormation imports a resource only under a
+        name the template fixes and with DeletionPolicy Retain, and an import applies no property, so
+        the template says what the group is (unencrypted, never expiring). The next deploy, the group
+        being the stack's by then, gives it this key, a retention and Delete (``log_group``), which
+        CloudFormation applies in place."""
+        group = logs.LogGroup(
+            scope, id_, log_group_name=name, retention=logs.RetentionDays.INFINITE, removal_policy=RemovalPolicy.RETAIN
+        )
+        reason = (
+            "Imported as the service made it, for one deploy: the next deploy encrypts it with the stack's "
+            "key, sets its retention and deletes it with the stack."
+        )
+        for rule in ("cloudwatch_log_group_retention_period_check", "cloudwatch_log_group_encrypted_check"):
+            acknowledge_guard(group, rule, reason, resource_type="AWS::Logs::LogGroup")
+        for check in ("CKV_AWS_66", "CKV_AWS_158", "CKV_AWS_338"):
+            acknowledge_checkov(group, check, reason, resource_type="AWS::Logs::LogGroup")
         return group
 
     def capture_function_logs(self, scope: IConstruct, *, retention_days: int) -> int:

@@ -47,6 +47,9 @@ class Observability(Construct):
         subnets: subnets for the AMP scraper's network interfaces (backend amp); they must reach
             the pods.
         logs: the stack's encrypted log groups (the backend's own log group is one of them).
+        cluster_name: the cluster's name, which the Container Insights groups are named after.
+        adopted_log_groups: Container Insights groups that exist outside the deployed stack (the running
+            add-on made them; ``DeployFacts.adopted_log_groups``): this deploy imports them as they are.
     """
 
     def __init__(
@@ -59,7 +62,9 @@ class Observability(Construct):
         namespace: str,
         dashboard_name: str,
         logs: EncryptedLogs,
+        cluster_name: str,
         subnets: Sequence[ec2.ISubnet] = (),
+        adopted_log_groups: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, id_)
         self.config = config
@@ -71,7 +76,7 @@ class Observability(Construct):
         self.scraper: aps.CfnScraper | None = None
         self.grafana_dashboard_file = dashboards.GRAFANA_FILE if config.backend == "amp" else None
         if config.backend == "cloudwatch":
-            self._cloudwatch(cluster, dashboard_name)
+            self._cloudwatch(cluster, dashboard_name, cluster_name=cluster_name, adopted=adopted_log_groups)
         elif config.backend == "amp":
             if not subnets:
                 raise ValueError(
@@ -82,7 +87,18 @@ class Observability(Construct):
     def _log_group(self, name: str) -> logs.LogGroup:
         return self.logs.log_group(self, "LogGroup", name=name, retention_days=self.config.log_retention_days)
 
-    def _cloudwatch(self, cluster: eks.Cluster, dashboard_name: str) -> None:
+    def _container_insights_group(self, name: str, *, cluster_name: str, adopted: Sequence[str]) -> logs.LogGroup:
+        # Named literally (the add-on writes to the cluster's name): an import needs a fixed name.
+        full_name = container_insights_log_group(cluster_name, name)
+        if full_name in adopted:
+            return self.logs.adopted_log_group(self, f"{name.title()}LogGroup", name=full_name)
+        return self.logs.log_group(
+            self, f"{name.title()}LogGroup", name=full_name, retention_days=self.config.log_retention_days
+        )
+
+    def _cloudwatch(
+        self, cluster: eks.Cluster, dashboard_name: str, *, cluster_name: str, adopted: Sequence[str]
+    ) -> None:
         # Created here, with a retention, before the agent would create it without one.
         log_group = self._log_group(container_insights_log_group(cluster.cluster_name, "prometheus"))
         # The add-on's CloudWatch agent (performance) and Fluent Bit (application, host, dataplane)
@@ -90,14 +106,11 @@ class Observability(Construct):
         # and left behind by destroy (AWS Knowledge Center, "enable Container Insights metrics on an
         # EKS cluster"; CloudWatch user guide, "Container Insights performance log reference" and
         # "Set up Fluent Bit as a DaemonSet to send logs to CloudWatch Logs"). Made by the stack
-        # before the add-on, they are the stack's: encrypted, expiring, deleted on destroy.
+        # before the add-on, they are the stack's: encrypted, expiring, deleted on destroy. One the
+        # running add-on made before the stack owned it is imported (its agents recreate a deleted
+        # group within seconds, so it cannot be deleted first).
         container_insights = [
-            self.logs.log_group(
-                self,
-                f"{name.title()}LogGroup",
-                name=container_insights_log_group(cluster.cluster_name, name),
-                retention_days=self.config.log_retention_days,
-            )
+            self._container_insights_group(name, cluster_name=cluster_name, adopted=adopted)
             for name in CONTAINER_INSIGHTS_LOG_GROUPS
         ]
         self.agent_role = iam.Role(

@@ -10,7 +10,8 @@ on-demand vCPU quota of the GPU instance family against the GPU node groups at t
 whether the GPU zone offers the GPU instance types at all, that each admin principal exists, and
 that a gated model's token secret exists, is not being deleted, and which KMS key it needs. Last,
 the stack as it is: not deployed, whether a destroy left the model mirror bucket behind (imported
-with its objects) or the control-plane log group (a stop); deployed, each node group's size now.
+with its objects) or a log group under a fixed name (a stop); deployed, each node group's size now
+and Container Insights log groups the running add-on made outside the stack (imported).
 FILE then holds what app.py needs (``-c deploy_facts=FILE``). Exit 2 on any refusal, one line each.
 """
 
@@ -463,14 +464,18 @@ def left_behind_findings(
 
 
 def container_insights_findings(
-    config: AppConfig, source: str, *, deployed: bool, logs: Any, cloudformation: Any
-) -> tuple[list[str], list[str]]:
-    """(errors, warnings) for a deployed stack with the `cloudwatch` backend: the stack creates the log
-    groups the add-on's agents write to, so one the agents made themselves, before the stack owned
-    them, fails the update with "already exists" (a stack not deployed: ``left_behind_findings``)."""
+    config: AppConfig, *, deployed: bool, logs: Any, cloudformation: Any
+) -> tuple[list[str], list[str], list[str]]:
+    """(warnings, what to import, the groups to adopt) for a deployed stack with the `cloudwatch`
+    backend: the stack creates the log groups the add-on's agents write to, so one the agents made
+    before the stack owned it would fail the update with "already exists". It cannot be deleted
+    first: the running add-on's agents recreate it within seconds. So this deploy imports it as it is
+    (``DeployFacts.adopted_log_groups``, ``cdk deploy --import-existing-resources``) and the next one
+    makes it the stack's like the others. A stack not deployed runs no add-on: ``left_behind_findings``
+    asks for the deletion there."""
     if config.observability.backend != "cloudwatch" or not deployed:
-        return [], []
-    cluster, region = config.cluster_name, config.aws.region
+        return [], [], []
+    cluster = config.cluster_name
     names = [container_insights_log_group(cluster, name) for name in CONTAINER_INSIGHTS_LOG_GROUPS]
     try:
         existing = {
@@ -481,7 +486,7 @@ def container_insights_findings(
             for group in page.get("logGroups", [])
         }
         owned: set[str] = set()
-        if deployed and existing & set(names):
+        if existing & set(names):
             owned = {
                 resource.get("PhysicalResourceId", "")
                 for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=config.stack_name)
@@ -489,16 +494,19 @@ def container_insights_findings(
                 if resource.get("ResourceType") == "AWS::Logs::LogGroup"
             }
     except ClientError as exc:
-        return [], [f"could not check the Container Insights log groups of {cluster} ({error_code(exc)})"]
+        return [f"could not check the Container Insights log groups of {cluster} ({error_code(exc)})"], [], []
     foreign = [name for name in names if name in existing and name not in owned]
     if not foreign:
-        return [], []
-    deletes = "; ".join(f"aws logs delete-log-group --log-group-name {name} --region {region}" for name in foreign)
-    return [
-        f"{source}: observability.backend cloudwatch: the log group(s) {', '.join(foreign)} exist outside the stack "
-        f"{config.stack_name} (the add-on's agents created them), and the stack creates them, encrypted and "
-        f"expiring, so the deploy would fail; delete them first (their events are lost): `{deletes}`"
-    ], []
+        return [], [], []
+    return (
+        [],
+        [
+            f"the Container Insights log group(s) {', '.join(foreign)} (the running add-on's agents made them "
+            f"outside the stack {config.stack_name}): imported as they are, unencrypted and never expiring; the "
+            "next `make deploy` encrypts them, sets their retention and lets destroy delete them"
+        ],
+        foreign,
+    )
 
 
 def node_group_sizes(config: AppConfig, stack: dict[str, Any], eks: Any) -> tuple[dict[str, int], list[str]]:
@@ -591,12 +599,13 @@ def check(
     elif deployed:
         sizes, warnings = node_group_sizes(config, stack, eks)
         verdict.warnings += warnings
-    if deployed is not None:
-        errors, warnings = container_insights_findings(
-            config, source, deployed=deployed, logs=logs, cloudformation=cloudformation
+    adopted: list[str] = []
+    if deployed:
+        warnings, to_import, adopted = container_insights_findings(
+            config, deployed=deployed, logs=logs, cloudformation=cloudformation
         )
-        verdict.errors += errors
         verdict.warnings += warnings
+        verdict.to_import += to_import
     verdict.facts = DeployFacts.model_validate(
         {
             "deployer_principal": principal,
@@ -604,6 +613,7 @@ def check(
             "node_group_sizes": sizes,
             "hf_token_kms_key_arn": key_arn,
             "api_key_kms_key_arns": api_keys,
+            "adopted_log_groups": adopted,
         }
     )
     return verdict

@@ -96,7 +96,9 @@ class PdServingStack(Stack):
             namespace=config.ray_service.namespace,
             dashboard_name=f"{config.name}-pd-serving",
             logs=logs,
+            cluster_name=config.cluster_name,
             subnets=network.private_subnets,
+            adopted_log_groups=deployer.adopted_log_groups,
         )
         # The collector only becomes ACTIVE once its agents can run on a node.
         observability.node.add_dependency(system.nodegroup)

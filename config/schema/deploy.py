@@ -121,6 +121,15 @@ class DeployFacts(StrictModel):
             "for this deploy even when nothing new needs them, so that the serving pods' volumes can unmount."
         ),
     )
+    adopted_log_groups: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Container Insights log groups that exist outside the deployed stack (the running add-on's agents "
+            "made them, and recreate one within seconds of its deletion): this deploy imports them as they are "
+            "(cdk deploy --import-existing-resources); the next one encrypts them, sets their retention and lets "
+            "destroy delete them."
+        ),
+    )
     hf_token_kms_key_arn: str | None = Field(
         default=None,
         description=(

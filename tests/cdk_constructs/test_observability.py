@@ -29,7 +29,11 @@ def app_config():
     return load_config(CONFIG_DIR / "dev.yaml")
 
 
-def synth(app_config, config: ObservabilityConfig, outdir=None):
+# The cluster's name as network_and_cluster gives it.
+CLUSTER = "unit"
+
+
+def synth(app_config, config: ObservabilityConfig, outdir=None, adopted: tuple[str, ...] = ()):
     """Synthesizes once (with the policy checks attached when ``outdir`` is given)."""
     app = cdk.App(
         outdir=str(outdir) if outdir else None,
@@ -48,6 +52,8 @@ def synth(app_config, config: ObservabilityConfig, outdir=None):
         dashboard_name="unit-pd-serving",
         subnets=network.private_subnets,
         logs=stack.node.find_child("Logs"),
+        cluster_name=CLUSTER,
+        adopted_log_groups=adopted,
     )
     if outdir:
         attach_policy_checks(app)
@@ -237,10 +243,8 @@ def test_no_unacknowledged_aws_solutions_findings(app_config, tmp_path, backend)
 CONTAINER_INSIGHTS_STREAMS = ("performance", "application", "host", "dataplane", "prometheus")
 
 
-def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agent_writes(cloudwatch):
-    """The agent and Fluent Bit write to these names and would create them unencrypted, never
-    expiring and outliving the stack; the stack creates them first, so destroy removes them."""
-    _, _, template = cloudwatch
+def container_insights_groups(template) -> dict[str, tuple[str, dict]]:
+    """Each Container Insights log group by its name (the cluster's as <cluster>): (logical id, resource)."""
     resources = template.to_json()["Resources"]
     (cluster_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::EKS::Cluster"]
 
@@ -249,13 +253,21 @@ def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agen
         if isinstance(name, dict):
             separator, parts = name["Fn::Join"]
             name = separator.join("<cluster>" if part == {"Ref": cluster_id} else part for part in parts)
-        return name
+        return name.replace(f"/{CLUSTER}/", "/<cluster>/")
 
-    groups = {
+    return {
         name_of(r): (logical_id, r)
         for logical_id, r in resources.items()
         if r["Type"] == "AWS::Logs::LogGroup" and "/aws/containerinsights/" in name_of(r)
     }
+
+
+def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agent_writes(cloudwatch):
+    """The agent and Fluent Bit write to these names and would create them unencrypted, never
+    expiring and outliving the stack; the stack creates them first, so destroy removes them."""
+    _, _, template = cloudwatch
+    resources = template.to_json()["Resources"]
+    groups = container_insights_groups(template)
     assert set(groups) == {f"/aws/containerinsights/<cluster>/{name}" for name in CONTAINER_INSIGHTS_STREAMS}
     (key_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::KMS::Key" and k.startswith("Logs")]
     (addon,) = [
@@ -268,6 +280,26 @@ def test_cloudwatch_container_insights_log_groups_are_the_stacks_before_the_agen
         assert group["Properties"]["KmsKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
         assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == "Delete"
         assert logical_id in addon["DependsOn"]
+
+
+def test_container_insights_groups_the_running_add_on_made_are_imported_as_they_are(app_config, tmp_path):
+    """A deployed stack whose add-on made two of the groups before the stack owned them: those two are
+    imported (CloudFormation imports only a resource whose name the template fixes and whose
+    DeletionPolicy is Retain, and applies no property, so the template says what the agents made);
+    the others stay the stack's. AWS Solutions finds nothing unacknowledged in that deploy."""
+    adopted = tuple(f"/aws/containerinsights/{CLUSTER}/{name}" for name in ("performance", "application"))
+    synth(app_config, ObservabilityConfig(backend="cloudwatch"), outdir=tmp_path, adopted=adopted)
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    (nag,) = [p for p in report["pluginReports"] if p["pluginName"] == "AwsSolutions"]
+    assert nag["violations"] == []
+    _, _, template = synth(app_config, ObservabilityConfig(backend="cloudwatch"), adopted=adopted)
+    for name, (_, group) in container_insights_groups(template).items():
+        if name.removeprefix("/aws/containerinsights/<cluster>/") in ("performance", "application"):
+            assert group["Properties"]["LogGroupName"] == name.replace("<cluster>", CLUSTER)
+            assert "KmsKeyId" not in group["Properties"] and "RetentionInDays" not in group["Properties"]
+            assert group["DeletionPolicy"] == "Retain"
+        else:
+            assert "KmsKeyId" in group["Properties"] and group["DeletionPolicy"] == "Delete"
 
 
 def test_decode_recomputing_the_prompt_is_drawn_as_an_alarm_in_both_dashboards():

@@ -463,17 +463,38 @@ def cloudwatch_config() -> dict:
     return data
 
 
-def test_container_insights_groups_the_agents_made_are_refused_with_the_commands():
-    """A stack that ran the cloudwatch backend before the stack owned these groups: the agents made
-    them, and the deploy that creates them would fail on "already exists"."""
-    (line,) = guard("cloudwatch-groups-made-by-the-agent", cloudwatch_config()).errors
-    assert "observability.backend cloudwatch: the log group(s) /aws/containerinsights/pd-dev/performance, " in line
-    assert "/aws/containerinsights/pd-dev/application exist outside the stack pd-dev-pd-serving" in line
-    assert (
-        "aws logs delete-log-group --log-group-name /aws/containerinsights/pd-dev/performance --region us-east-2"
-        in line
-    )
-    assert "host" not in line and "prometheus" not in line
+def test_container_insights_groups_the_running_add_on_made_are_imported_not_deleted():
+    """A deployed stack that ran the cloudwatch backend before it owned these groups: the add-on's
+    agents made them, and recreate one within seconds of its deletion, so asking for a deletion would
+    loop. The deploy imports them as they are; the next one makes them the stack's."""
+    verdict = guard("cloudwatch-groups-made-by-the-agent", cloudwatch_config())
+    assert verdict.errors == [] and verdict.warnings == []
+    made = ["/aws/containerinsights/pd-dev/performance", "/aws/containerinsights/pd-dev/application"]
+    assert verdict.facts.adopted_log_groups == made
+    (line,) = verdict.to_import
+    assert f"the Container Insights log group(s) {', '.join(made)} (the running add-on's agents made them" in line
+    assert "imported as they are" in line and "the next `make deploy` encrypts them" in line
+    assert "delete-log-group" not in line
+
+
+def test_the_stack_imports_the_groups_the_guard_found(tmp_path, monkeypatch, capsys):
+    """From the guard's facts file to the template `make deploy` deploys with
+    --import-existing-resources: the two groups the agents made, under their names, kept (Retain)."""
+    from aws_cdk.assertions import Template
+
+    from app import build_app
+
+    config_path = tmp_path / "dev.yaml"
+    config_path.write_text(yaml.safe_dump(cloudwatch_config()))
+    facts = tmp_path / "facts.json"
+    with checkip_server("93.184.216.34\n") as url, recorded_aws("cloudwatch-groups-made-by-the-agent") as clients:
+        monkeypatch.setattr(deploy_guard, "aws_clients", lambda region: clients)
+        assert deploy_guard.main([str(config_path), "--facts-out", str(facts), "--checkip-url", url]) == 0
+    assert "import: the Container Insights log group(s)" in capsys.readouterr().out
+    stack = build_app(str(config_path), outdir=str(tmp_path / "out"), deploy_facts=str(facts)).node.children[0]
+    groups = Template.from_stack(stack).find_resources("AWS::Logs::LogGroup")
+    kept = {r["Properties"]["LogGroupName"] for r in groups.values() if r["DeletionPolicy"] == "Retain"}
+    assert kept == {"/aws/containerinsights/pd-dev/performance", "/aws/containerinsights/pd-dev/application"}
 
 
 def test_container_insights_groups_the_stack_owns_pass():
