@@ -12,6 +12,13 @@ The keys are files in one directory, one key per file (a Secrets Manager secret 
 the CSI driver on the GPU workers; a file of `make local API_KEY=…`'s). Only their SHA-256 digests are
 kept; a key never reaches a log, a metric or the Serve config.
 
+The directory is read again when it changes, so a key added or removed on disk reaches the running
+ingress without a restart (on the cluster the CSI driver rewrites the files on its rotation poll,
+``manifests/hf_token.py``). A request looks at the directory
+at most once every ``RELOAD_INTERVAL_S`` (``stat`` calls only: the names, inodes, sizes and
+modification times of the entries), and the keys are read again only when that changed. So every
+request that starts ``RELOAD_INTERVAL_S`` after a file changed is answered with the new keys.
+
 No ``from __future__ import annotations`` here: FastAPI reads the routes' signatures, and the one
 parameter added below must carry a real class, not a string to resolve in this module.
 """
@@ -20,6 +27,9 @@ import functools
 import hashlib
 import hmac
 import inspect
+import logging
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +48,10 @@ MISSING = (
     "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 )
 INCORRECT = "Incorrect API key provided."
+# How stale the ingress's keys may be, in seconds, once the files on disk have changed.
+RELOAD_INTERVAL_S = 5.0
+
+logger = logging.getLogger(__name__)
 
 
 def read_key_digests(directory: str) -> frozenset[bytes]:
@@ -55,6 +69,63 @@ def read_key_digests(directory: str) -> frozenset[bytes]:
     if not keys:
         raise RuntimeError(f"the API key directory {directory} holds no key")
     return frozenset(hashlib.sha256(key.encode()).digest() for key in keys)
+
+
+def key_files_fingerprint(directory: str) -> tuple:
+    """What changes whenever a key file of ``directory`` is added, removed or rewritten: the
+    directory's own identity and time, and each entry's name with its target's inode, size and
+    time (the CSI driver's files are links into a ``..data`` folder it swaps whole)."""
+    folder = os.stat(directory)
+    entries = []
+    with os.scandir(directory) as scan:
+        for entry in scan:
+            try:
+                target = entry.stat()
+            except FileNotFoundError:  # removed, or a dangling link while the driver swaps
+                continue
+            entries.append((entry.name, target.st_ino, target.st_size, target.st_mtime_ns))
+    return (folder.st_ino, folder.st_mtime_ns, tuple(sorted(entries)))
+
+
+class KeyDirectory:
+    """The digests of the keys in ``directory``, kept current: checked at most once every
+    ``interval_s`` and read again only when :func:`key_files_fingerprint` changed."""
+
+    def __init__(
+        self, directory: str, *, interval_s: float = RELOAD_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.directory = directory
+        self.interval_s = interval_s
+        self._clock = clock
+        # Fingerprint first: a change made while the keys are read shows as a change next time. A
+        # missing directory is read_key_digests's to name.
+        self._fingerprint = key_files_fingerprint(directory) if os.path.isdir(directory) else ()
+        self._digests = read_key_digests(directory)
+        self._checked_at = clock()
+
+    def digests(self) -> frozenset[bytes]:
+        now = self._clock()
+        if now - self._checked_at >= self.interval_s:
+            self._checked_at = now
+            self._reload_if_changed()
+        return self._digests
+
+    def _reload_if_changed(self) -> None:
+        try:
+            fingerprint = key_files_fingerprint(self.directory)
+            if fingerprint == self._fingerprint:
+                return
+            digests = read_key_digests(self.directory)
+        except (OSError, RuntimeError) as error:
+            # No key left, or no directory: refuse every request rather than keep a removed key.
+            # The fingerprint stays, so the next check reads again.
+            if self._digests:
+                logger.warning("API keys: %s; every request is refused until a key is back", error)
+            self._digests = frozenset()
+            return
+        if digests != self._digests:
+            logger.info("API keys: %d key(s) in %s, read again after a change", len(digests), self.directory)
+        self._fingerprint, self._digests = fingerprint, digests
 
 
 def refusal(headers: Any, digests: frozenset[bytes]) -> JSONResponse | None:
@@ -92,7 +163,7 @@ def guarded(route: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(route)
     async def checked(self, *args, **kwargs):
         request = kwargs[own] if own else kwargs.pop(REQUEST_PARAMETER)
-        refused = refusal(request.headers, self._api_key_digests)
+        refused = refusal(request.headers, self._api_keys.digests())
         if refused is not None:
             return refused
         return await route(self, *args, **kwargs)
@@ -109,7 +180,7 @@ class KeyedOpenAiIngress(OpenAiIngress):
 
     def __init__(self, *args: Any, api_key_dir: str, **kwargs: Any) -> None:
         # Read before the parent starts anything: a replica without keys fails at start, loudly.
-        self._api_key_digests = read_key_digests(api_key_dir)
+        self._api_keys = KeyDirectory(api_key_dir)
         super().__init__(*args, **kwargs)
 
 

@@ -158,3 +158,59 @@ def test_the_endpoint_answers_401_without_the_api_key_and_serves_with_it(server)
             "endpoint_with_key_prompt_tokens_over_nixl": response.usage.prompt_tokens,
         },
     )
+
+
+def models_status(server, key: str) -> int:
+    request = urllib.request.Request(server.base_url + "/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def seconds_until(server, key: str, status: int, deadline_s: float) -> float | None:
+    """Seconds until ``key`` gets ``status`` from /v1/models, or None past ``deadline_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        if models_status(server, key) == status:
+            return round(time.monotonic() - started, 2)
+        time.sleep(0.2)
+    return None
+
+
+def test_a_key_added_is_accepted_and_a_key_removed_refused_without_a_restart(server):
+    """As the CSI driver does on the cluster, a key file appears in (and goes from) the running
+    ingress's directory: the ingress reads it again within its interval (serve_app/ingress.py)."""
+    import secrets
+
+    from serve_app.ingress import RELOAD_INTERVAL_S
+
+    directory = Path(server.status["api_key_file"]).parent
+    added = "sk-local-added-" + secrets.token_hex(16)
+    replicas = server.replicas()
+    # The interval, plus a request's way through a busy two-core machine.
+    deadline = RELOAD_INTERVAL_S + 30
+    assert models_status(server, added) == 401
+    staged = directory / ".key-1.tmp"  # a dot file is never read as a key; renamed whole into place
+    staged.write_text(added)
+    staged.chmod(0o600)
+    staged.rename(directory / "key-1")
+    try:
+        accepted_after = seconds_until(server, added, 200, deadline)
+        assert accepted_after is not None, f"a key added was still refused after {deadline:.0f} s"
+        assert models_status(server, server.api_key) == 200
+    finally:
+        (directory / "key-1").unlink(missing_ok=True)
+    refused_after = seconds_until(server, added, 401, deadline)
+    assert refused_after is not None, f"a key removed was still accepted after {deadline:.0f} s"
+    assert models_status(server, server.api_key) == 200
+    assert server.replicas() == replicas  # the same replicas: nothing was restarted
+    report_measurement(
+        "api-key-reload",
+        {
+            "reload_interval_s": RELOAD_INTERVAL_S,
+            "key_added_accepted_after_s": accepted_after,
+            "key_removed_refused_after_s": refused_after,
+        },
+    )

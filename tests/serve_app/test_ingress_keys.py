@@ -1,0 +1,126 @@
+"""The keyed ingress's key directory read again when it changes (serve_app/ingress.py ``KeyDirectory``),
+on real files: plain ones as `make local` writes them, and the CSI driver's layout (each key a link
+into a ``..data`` folder that the driver swaps whole on its rotation poll). The clock is the test's,
+so the interval is shown exactly; tests/local/test_local_security.py shows it on the live server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
+pytestmark = pytest.mark.serving
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def accepted(keys, key: str) -> bool:
+    from serve_app.ingress import refusal
+
+    return refusal({"authorization": f"Bearer {key}"}, keys.digests()) is None
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def keys_in(directory: Path, clock: Clock):
+    from serve_app.ingress import KeyDirectory
+
+    return KeyDirectory(str(directory), interval_s=5, clock=clock)
+
+
+def test_a_key_added_is_accepted_and_a_key_removed_refused_once_the_interval_has_passed(tmp_path, clock):
+    (tmp_path / "key-0").write_text("sk-first\n")
+    keys = keys_in(tmp_path, clock)
+    assert accepted(keys, "sk-first") and not accepted(keys, "sk-second")
+
+    (tmp_path / "key-1").write_text("sk-second\n")
+    clock.now += 4.9
+    assert not accepted(keys, "sk-second")  # not looked at yet: at most one check per interval
+    clock.now += 0.1
+    assert accepted(keys, "sk-second") and accepted(keys, "sk-first")
+
+    (tmp_path / "key-0").unlink()
+    clock.now += 5
+    assert not accepted(keys, "sk-first") and accepted(keys, "sk-second")
+
+
+def test_the_csi_drivers_swap_of_its_data_folder_is_seen(tmp_path, clock):
+    """The driver's atomic writer: key-N -> ..data/key-N, ..data -> ..<timestamp>, swapped by a rename."""
+
+    def publish(generation: str, values: dict[str, str]) -> None:
+        folder = tmp_path / f"..{generation}"
+        folder.mkdir()
+        for name, value in values.items():
+            (folder / name).write_text(value)
+        (tmp_path / "..data_tmp").symlink_to(folder.name)
+        os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        for name in values:
+            if not (tmp_path / name).is_symlink():
+                (tmp_path / name).symlink_to(f"..data/{name}")
+
+    publish("2026_12_05_10_00_00.1", {"key-0": "sk-old"})
+    keys = keys_in(tmp_path, clock)
+    assert accepted(keys, "sk-old")
+    # A new value in the same secret (and file name): only the folder behind ..data changes.
+    publish("2026_12_05_11_00_00.2", {"key-0": "sk-new"})
+    clock.now += 5
+    assert accepted(keys, "sk-new") and not accepted(keys, "sk-old")
+
+
+def test_an_unchanged_directory_is_not_read_again(tmp_path, clock):
+    """The check is stat calls only: a content change that keeps name, inode, size and time is not
+    seen (nothing the CSI driver or `make local` does), which shows the files were not read again."""
+    key = tmp_path / "key-0"
+    key.write_text("sk-aaaa")
+    keys = keys_in(tmp_path, clock)
+    before = key.stat()
+    with open(key, "r+") as handle:  # same inode, same size
+        handle.write("sk-bbbb")
+    os.utime(key, ns=(before.st_atime_ns, before.st_mtime_ns))
+    clock.now += 60
+    assert keys.digests() == frozenset({hashlib.sha256(b"sk-aaaa").digest()})
+
+
+def test_a_directory_left_without_keys_refuses_everyone_until_a_key_is_back(tmp_path, clock):
+    (tmp_path / "key-0").write_text("sk-only")
+    keys = keys_in(tmp_path, clock)
+    (tmp_path / "key-0").unlink()
+    clock.now += 5
+    assert keys.digests() == frozenset() and not accepted(keys, "sk-only")
+    (tmp_path / "key-0").write_text("sk-back")
+    clock.now += 5
+    assert accepted(keys, "sk-back") and not accepted(keys, "sk-only")
+
+
+def test_a_replica_still_refuses_to_start_without_keys(tmp_path, clock):
+    from serve_app.ingress import KeyDirectory
+
+    with pytest.raises(RuntimeError, match="holds no key"):
+        KeyDirectory(str(tmp_path), clock=clock)
+    with pytest.raises(RuntimeError, match="does not exist"):
+        KeyDirectory(str(tmp_path / "missing"), clock=clock)
+
+
+def test_the_docs_state_the_bound_the_cluster_has():
+    """docs/security.md: the CSI driver's rotation poll plus the ingress's interval."""
+    from manifests.hf_token import ROTATION_POLL_INTERVAL
+    from serve_app.ingress import RELOAD_INTERVAL_S
+    from tests.conftest import ROOT
+
+    poll_s = int(ROTATION_POLL_INTERVAL.removesuffix("s"))
+    text = " ".join((ROOT / "docs" / "security.md").read_text().split())
+    assert f"`rotationPollInterval`, {poll_s} s here" in text
+    assert f"at most every {RELOAD_INTERVAL_S:g} s (`RELOAD_INTERVAL_S`" in text
+    assert f"at most {poll_s + RELOAD_INTERVAL_S:g} s after the deploy" in text
