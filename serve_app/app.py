@@ -23,4 +23,9 @@ def build_app(args: dict[str, Any]):
         from serve_app.selective import build_selective_pd_app
 
         return build_selective_pd_app(builder_args)
+    if spec.mode == "disaggregated" and spec.prewarm_nixl:
+        from serve_app.pd_decode import build_pd_app
+
+        # Decode's start must not wait for prefill (serve_app/pd_decode.py).
+        return build_pd_app(builder_args)
     return getattr(llm, builder_name)(builder_args)

@@ -8,12 +8,13 @@ run, 50-100 ms). This is a thin layer over Ray Serve LLM's own classes, the same
 cluster image) and 2.60 (the tests):
 
 - :class:`SelectivePDDecodeServer` is Ray's ``PDDecodeServer`` (decode owns an engine and calls
-  prefill); its ``chat``/``completions`` count the prompt's tokens with decode's own tokenizer and
-  either run the request on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``:
-  vLLM computes the prompt itself) or hand it to Ray's P/D orchestration unchanged.
-- :func:`build_selective_pd_app` is Ray's ``build_pd_openai_app`` with that class for decode. The
-  builder picks its decode class by a module-level name, so the build swaps that one name for the
-  time of the call; everything else (prefill, ingress, options, DP checks) is Ray's own code.
+  prefill), with its prewarm in the background (``serve_app/pd_decode.py``); its
+  ``chat``/``completions`` count the prompt's tokens with decode's own tokenizer and either run
+  the request on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``: vLLM
+  computes the prompt itself) or hand it to Ray's P/D orchestration unchanged.
+- :func:`build_selective_pd_app` is Ray's ``build_pd_openai_app`` with that class for decode
+  (``serve_app.pd_decode.decode_classes``); everything else (prefill, ingress, options, DP checks) is
+  Ray's own code.
 
 The threshold reaches the replica as ``experimental_configs[SELECTIVE_THRESHOLD_KEY]`` of decode's LLMConfig,
 a key Ray carries and does not read.
@@ -21,22 +22,17 @@ a key Ray carries and does not read.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
-from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
 
+from serve_app.pd_decode import DECODE_CLASS_NAME, BackgroundPrewarmPDDecodeServer, decode_classes
 from serve_app.spec import SELECTIVE_THRESHOLD_KEY
 
 logger = logging.getLogger(__name__)
-
-# The name build_pd_openai_app reads its (non-DP) decode class from.
-DECODE_CLASS_NAME = "PDDecodeServer"
 
 
 def prompt_token_count(tokenizer: Any, request: Any) -> int | None:
@@ -79,7 +75,7 @@ def _text_message(message: Any) -> dict[str, Any] | None:
     return {**message, "content": "\n".join(texts)}
 
 
-class SelectivePDDecodeServer(PDDecodeServer):
+class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
     """Ray's ``PDDecodeServer`` that keeps short prompts on its own engine."""
 
     def _min_prompt_tokens(self) -> int:
@@ -115,20 +111,6 @@ class SelectivePDDecodeServer(PDDecodeServer):
         return await super().completions(request, raw_request_info)
 
 
-@contextlib.contextmanager
-def _decode_class(cls: type) -> Iterator[None]:
-    if getattr(pd_builder, DECODE_CLASS_NAME, None) is not PDDecodeServer:
-        raise RuntimeError(
-            f"Ray's P/D builder no longer names its decode class {DECODE_CLASS_NAME}; "
-            "serving.pd_min_prompt_tokens cannot be applied to this Ray version (set it to 0)"
-        )
-    setattr(pd_builder, DECODE_CLASS_NAME, cls)
-    try:
-        yield
-    finally:
-        setattr(pd_builder, DECODE_CLASS_NAME, PDDecodeServer)
-
-
 def build_selective_pd_app(pd_serving_args: dict[str, Any]):
     """``build_pd_openai_app(pd_serving_args)`` with :class:`SelectivePDDecodeServer` for decode."""
     decode_config = pd_serving_args["decode_config"]
@@ -138,5 +120,5 @@ def build_selective_pd_app(pd_serving_args: dict[str, Any]):
             "serving.pd_min_prompt_tokens applies to decode without data parallelism; "
             "set it to 0 or remove decode.engine_kwargs.data_parallel_size"
         )
-    with _decode_class(SelectivePDDecodeServer):
+    with decode_classes({DECODE_CLASS_NAME: SelectivePDDecodeServer}, "serving.pd_min_prompt_tokens", "set it to 0"):
         return pd_builder.build_pd_openai_app(pd_serving_args)

@@ -316,7 +316,8 @@ class ServingSpec(SpecModel):
     prewarm_nixl: bool = Field(
         default=True,
         description="Send a dummy request through every prefill replica at start-up so the NIXL "
-        "handshake is done before the first user request.",
+        "handshake is done before the first user request. It runs beside decode's start, retried until "
+        "prefill answers: a late prefill never fails decode (serve_app/pd_decode.py).",
     )
     stream_batching_interval_ms: float = Field(
         default=10,

@@ -51,7 +51,9 @@ def test_disaggregated_graph(local_ray):
     }
     decode = deployments["Decode:qwen2_5-7b-instruct"]
     prefill = deployments["Prefill:qwen2_5-7b-instruct"]
-    assert decode.func_or_class.__name__ == "PDDecodeServer"
+    # Ray's decode with its prewarm in the background (serve_app/pd_decode.py), Ray's prefill.
+    assert decode.func_or_class.__name__ == "BackgroundPrewarmPDDecodeServer"
+    assert decode.func_or_class.__mro__[1].__name__ == "PDDecodeServer"
     assert prefill.func_or_class.__name__ == "PDPrefillServer"
     # ingress -> decode -> prefill
     ingress_children = deployments["OpenAiIngress"].init_kwargs["llm_deployments"]

@@ -1,0 +1,224 @@
+"""Decode's start with prefill late (serve_app/pd_decode.py), in a real Ray Serve: Ray Serve LLM's own
+``PDDecodeServer`` and ``PDPrefillServer`` classes, constructed by Serve from the local spec's
+LLMConfigs, with an engine that only answers (no model: the engine is not what is tested) and a
+prefill whose constructor waits until the test lets it finish, as one waits for a node.
+
+Ray's retry constants are shortened in each replica (60 x 5 s, each try waiting 30 s for a prefill
+replica, would take up to 35 minutes): the behaviour is the same, sooner."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
+pytestmark = pytest.mark.serving
+
+from ray.llm._internal.serve.core.engine.protocol import LLMEngine  # noqa: E402
+from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (  # noqa: E402
+    DPPDDecodeServer,
+    PDDecodeServer,
+    PDPrefillServer,
+)
+
+from local.ray_internals import submit_app  # noqa: E402
+from serve_app.pd_decode import BackgroundPrewarmDPPDDecodeServer, BackgroundPrewarmPDDecodeServer  # noqa: E402
+
+# The replicas get this module's classes by value: pytest imports it from a path Ray's workers lack.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KV_PARAMS = {"remote_engine_id": "prefill-0", "remote_block_ids": [1, 2], "remote_host": "127.0.0.1"}
+
+
+class Chunk:
+    def __init__(self, kv_transfer_params: dict[str, Any]) -> None:
+        self.kv_transfer_params = kv_transfer_params
+
+
+class AnsweringEngine(LLMEngine):
+    """Sets up the KV connector's backend as vLLM's engine does, then answers every completion
+    with one chunk; remembers the KV parameters decode was asked to pull."""
+
+    def __init__(self, llm_config) -> None:
+        self.llm_config = llm_config
+        self.pulled: list[dict[str, Any]] = []
+
+    async def start(self) -> None:
+        self.llm_config.setup_engine_backend()
+
+    async def completions(self, request, raw_request_info=None):
+        if request.kv_transfer_params and request.kv_transfer_params.get("do_remote_decode"):
+            yield Chunk(KV_PARAMS)  # prefill: the KV is ready for a remote decode
+        else:
+            self.pulled.append(request.kv_transfer_params)
+
+    async def chat(self, request, raw_request_info=None):
+        raise NotImplementedError
+
+    async def embeddings(self, request, raw_request_info=None):
+        raise NotImplementedError
+
+    async def transcriptions(self, request, raw_request_info=None):
+        raise NotImplementedError
+
+    async def resolve_lora(self, lora_model) -> None:
+        return None
+
+    async def reset_prefix_cache(self) -> None:
+        return None
+
+    def routing_stats(self) -> dict:
+        return {}
+
+
+def shorten_rays_retries() -> None:
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import pd_server
+    from ray.llm._internal.serve.utils import broadcast
+
+    import serve_app.pd_decode
+
+    pd_server._PREWARM_MAX_RETRIES = 2
+    pd_server._PREWARM_RETRY_INTERVAL_S = 0.1
+    broadcast.BROADCAST_REPLICA_POPULATION_TIMEOUT_S = 0.5
+    serve_app.pd_decode.PREWARM_PAUSE_S = 0.2
+
+
+class RaysDecode(PDDecodeServer):
+    async def __init__(self, *args, **kwargs):
+        shorten_rays_retries()
+        await super().__init__(*args, **kwargs)
+
+    async def pulled(self) -> list:
+        return self.engine.pulled
+
+
+class OurDecode(BackgroundPrewarmPDDecodeServer):
+    async def __init__(self, *args, **kwargs):
+        shorten_rays_retries()
+        await super().__init__(*args, **kwargs)
+
+    async def pulled(self) -> list:
+        return self.engine.pulled
+
+
+class LatePrefill(PDPrefillServer):
+    async def __init__(self, *args, until: str, **kwargs):
+        import asyncio
+
+        while not os.path.exists(until):
+            await asyncio.sleep(0.1)
+        await super().__init__(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def serve_instance():
+    from ray import serve
+
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        serve.start(proxy_location="Disabled")
+        yield serve
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
+
+
+def llm_configs():
+    from ray.serve.llm import LLMConfig
+
+    from local.paths import DEFAULT_SPEC
+    from local.server import local_spec
+
+    spec = local_spec(DEFAULT_SPEC, "disaggregated")
+    assert spec.prewarm_nixl
+    return {phase: LLMConfig(**spec.llm_config(phase)) for phase in ("prefill", "decode")}
+
+
+def deploy(serve, name: str, decode_cls: type, until: Path):
+    configs = llm_configs()
+    options = {"ray_actor_options": {"num_cpus": 0}}
+    prefill = (
+        serve.deployment(LatePrefill)
+        .options(name="Prefill", **options)
+        .bind(configs["prefill"], engine_cls=AnsweringEngine, until=str(until))
+    )
+    decode = (
+        serve.deployment(decode_cls)
+        .options(name="Decode", **options)
+        .bind(configs["decode"], prefill_server=prefill, engine_cls=AnsweringEngine)
+    )
+    submit_app(decode, name=name, route_prefix=None)
+
+
+def wait_for(what, deadline_s: float = 120):
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.5)
+    return what()
+
+
+def decode_status(serve, app: str) -> str | None:
+    application = serve.status().applications.get(app)
+    return application.deployments["Decode"].status if application else None
+
+
+def test_rays_decode_fails_the_app_when_prefill_is_late(serve_instance, tmp_path):
+    """What the cluster would get: the constructor raises, Serve gives up, DEPLOY_FAILED for good."""
+    serve = serve_instance
+    deploy(serve, "rays", RaysDecode, until=tmp_path / "prefill-may-start")
+    assert wait_for(lambda: serve.status().applications["rays"].status == "DEPLOY_FAILED")
+    assert "Pre-warm failed" in serve.status().applications["rays"].deployments["Decode"].message
+    serve.delete("rays")
+
+
+def test_decode_starts_while_prefill_is_late_and_prewarms_once_it_comes(serve_instance, tmp_path):
+    serve = serve_instance
+    gate = tmp_path / "prefill-may-start"
+    deploy(serve, "ours", OurDecode, until=gate)
+    assert wait_for(lambda: decode_status(serve, "ours") == "HEALTHY")
+    # Longer than Ray's shortened retries, in which Ray's own decode would have failed.
+    time.sleep(5)
+    status = serve.status().applications["ours"]
+    assert status.status == "DEPLOYING" and status.deployments["Decode"].status == "HEALTHY"
+    assert status.deployments["Prefill"].status == "UPDATING"
+
+    gate.touch()
+    assert wait_for(lambda: serve.status().applications["ours"].status == "RUNNING")
+    decode = serve.get_deployment_handle("Decode", app_name="ours")
+    # The background prewarm went through prefill: decode was asked to pull prefill's KV.
+    assert wait_for(lambda: decode.pulled.remote().result()) == [KV_PARAMS]
+    serve.delete("ours")
+
+
+def test_the_app_builds_decode_with_the_background_prewarm_and_leaves_ray_as_it_was(serve_instance):
+    from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
+
+    from serve_app.app import build_app
+    from tests.serve_app.test_app import cluster_spec, graph
+
+    decode = graph(build_app(cluster_spec(pd_min_prompt_tokens=0).model_dump(mode="json")))
+    assert decode["Decode:qwen2_5-7b-instruct"].func_or_class is BackgroundPrewarmPDDecodeServer
+    assert pd_builder.PDDecodeServer is PDDecodeServer
+    # Decode with data parallelism: Ray's DP class, prewarming the same way.
+    data_parallel = cluster_spec(pd_min_prompt_tokens=0).model_dump(mode="json")
+    data_parallel["decode"]["engine_kwargs"]["data_parallel_size"] = 2
+    decode = graph(build_app(data_parallel))["Decode:qwen2_5-7b-instruct"].func_or_class
+    assert decode is BackgroundPrewarmDPPDDecodeServer and issubclass(decode, DPPDDecodeServer)
+    assert pd_builder.DPPDDecodeServer is DPPDDecodeServer
+    # Without prewarm, Ray's own decode is untouched.
+    without = graph(build_app(cluster_spec(pd_min_prompt_tokens=0, prewarm_nixl=False).model_dump(mode="json")))
+    assert without["Decode:qwen2_5-7b-instruct"].func_or_class is PDDecodeServer
