@@ -13,8 +13,10 @@ The Amazon VPC CNI enforces them (``enableNetworkPolicy`` in the add-on's config
 - The head's dashboard from the KubeRay operator, which submits the Serve config there and reads
   the app's status (with Ray's token since authOptions).
 - Each phase's NIXL side-channel ports from the other phase only: Ray Serve LLM listens at the
-  phase's base plus ``replica rank × devices + TP rank`` (``_compute_port_offset``), so
-  ``max_replicas × tensor_parallel_size`` ports from the base.
+  phase's base plus ``replica rank × devices + TP rank`` (``_compute_port_offset``), and the ranks
+  Serve hands out stay below what the phase's node group can hold (:func:`replica_ranks`), so
+  ``replica_ranks × tensor_parallel_size`` ports from the base. Ports past them would be Ray's own
+  range, open to every Ray pod.
 - Serve's port on the GPU workers from the internal load balancer, whose addresses are in the VPC's
   private subnets (``ray_service.endpoint.internal_nlb``); without one, from nothing: `kubectl
   port-forward` reaches a pod over its loopback, which no policy sees. The VPC CNI gives pods
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from config import catalog
 from config.schema import AppConfig
 from manifests.contract import (
     DASHBOARD_PORT,
@@ -52,11 +55,33 @@ WORKERS = {"matchLabels": {RAY_NODE_TYPE_LABEL: "worker"}}
 HIGHEST_PORT = 65535
 
 
+def replica_ranks(config: AppConfig, phase: str) -> int:
+    """How many replica ranks of a phase's deployment Serve can have handed out at once: as many
+    replicas as the phase's node group holds at its largest.
+
+    Not ``max_replicas``. Serve gives a replica the lowest free rank once the replica is placed, in
+    its placement group on a node of the phase (Ray 2.58 ``serve/_private/deployment_state.py``:
+    ``RankManager.assign_rank``, called from the replica's ``check_ready``, :1448), and frees it
+    only after that replica has stopped and its placement group is removed (``check_stopped``, then
+    ``release_rank``, :5179-5186). A replica that stops drains for up to its graceful shutdown
+    timeout (``drain_timeout_s``, 600 s by default) while its replacement already starts with the
+    next rank, and a replacement that fails during that drain adds another: ``max_replicas`` bounds
+    none of it. What does bound it: every rank held is a placement group holding GPUs on the
+    phase's nodes, so ranks stay below the replicas those nodes hold at once (the same count the
+    config rules check ``max_replicas`` against). A node that dies takes its replicas' actors with
+    it, and Serve frees their ranks without a drain."""
+    group = getattr(config.cluster.gpu_node_groups, phase)
+    spec = config.serving.phase(phase)
+    per_node = catalog.replicas_per_node(group.instance_type, spec.tensor_parallel_size, spec.gpu_fraction)
+    return group.max_size * per_node
+
+
 def side_channel_ports(config: AppConfig, phase: str) -> tuple[int, int]:
-    """(first, last) NIXL side-channel port of a phase's engines, inclusive."""
+    """(first, last) NIXL side-channel port of a phase's engines, inclusive: every rank Serve can
+    give a replica (:func:`replica_ranks`), each ``tensor_parallel_size`` ports."""
     spec = config.serving.phase(phase)
     first = config.serving.side_channel_port(phase)
-    return first, first + spec.max_replicas * spec.tensor_parallel_size - 1
+    return first, first + replica_ranks(config, phase) * spec.tensor_parallel_size - 1
 
 
 def closed_to_ray(config: AppConfig) -> list[tuple[int, int]]:

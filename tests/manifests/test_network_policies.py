@@ -200,17 +200,99 @@ def test_the_pods_own_node_reaches_every_port_the_kubelets_probes_included():
         assert admitted(policies, other_node, pod, 8080)
 
 
-def test_the_nixl_ports_follow_the_phases_replicas_and_tensor_parallelism():
+def nixl_policy(policies: list[dict], phase: str) -> dict:
+    (policy,) = [p for p in policies if p["metadata"]["name"].startswith(f"nixl-{phase}-from-")]
+    return policy
+
+
+def test_the_nixl_ports_follow_the_phases_node_group_and_tensor_parallelism():
+    """Every rank the node group can hold replicas for, each tensor_parallel_size ports: prefill on
+    three 4-GPU nodes with TP 2 holds 6 replicas (max_replicas 1 or not), so 12 ports."""
     data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
-    data["serving"]["prefill"] = {**data["serving"].get("prefill", {}), "max_replicas": 3}
-    data["cluster"]["gpu_node_groups"]["prefill"]["max_size"] = 3
+    data["serving"]["prefill"] = {**data["serving"].get("prefill", {}), "max_replicas": 1, "tensor_parallel_size": 2}
+    data["cluster"]["gpu_node_groups"]["prefill"].update(instance_type="g6.12xlarge", max_size=3)
     policies = network_policies(parse_config(data))
-    (prefill,) = [p for p in policies if p["metadata"]["name"] == "nixl-prefill-from-decode"]
-    assert prefill["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 20000, "endPort": 20002}]
-    for port in (20000, 20002):
+    assert nixl_policy(policies, "prefill")["spec"]["ingress"][0]["ports"] == [
+        {"protocol": "TCP", "port": 20000, "endPort": 20011}
+    ]
+    for port in (20000, 20011):
         assert admitted(policies, DECODE, PREFILL, port)
         assert not admitted(policies, HEAD, PREFILL, port)
-    assert admitted(policies, HEAD, PREFILL, 20003)  # past the side channel: Ray's own range again
+    assert admitted(policies, HEAD, PREFILL, 20012)  # past the side channel: Ray's own range again
+
+
+def tp_worker_ports(config, phase: str, rank: int) -> list[int]:
+    """Ray Serve LLM's side-channel ports of a replica of ``rank``: base + rank x devices, plus each
+    TP worker's rank (kv_transfer/nixl.py ``_set_side_channel_port``, base.py ``_compute_port_offset``)."""
+    tp = config.serving.phase(phase).tensor_parallel_size
+    return [config.serving.side_channel_port(phase) + rank * tp + tp_rank for tp_rank in range(tp)]
+
+
+def wrongly_reached(policies, config, phase: str, ranks) -> list[str]:
+    """Who gets to the side channel of ``ranks`` but should not, or should but does not: the other
+    phase, and no one else (the head stands for every other Ray pod)."""
+    destination, other = (PREFILL, DECODE) if phase == "prefill" else (DECODE, PREFILL)
+    return [
+        explain(policies, source, destination, port, pods=[HEAD, PREFILL, DECODE]).reason
+        for rank in ranks
+        for port in tp_worker_ports(config, phase, rank)
+        for source, expected in ((other, True), (HEAD, False))
+        if admitted(policies, source, destination, port) != expected
+    ]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_replacement_replicas_side_channel_is_the_other_phases_only(env, phase):
+    """Serve frees a replica's rank only once it has stopped (drained), so a replacement started
+    meanwhile gets rank max_replicas: its side channel is the other phase's only, as the first's is."""
+    config = parse_config(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()))
+    max_replicas = config.serving.phase(phase).max_replicas
+    assert wrongly_reached(network_policies(config), config, phase, [0, max_replicas]) == []
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_every_rank_serve_can_give_is_the_other_phases_only_and_no_more(env, phase):
+    """Every rank below ``replica_ranks`` (what the node group holds), and past the last one
+    Ray's own range again."""
+    from manifests.network_policies import replica_ranks, side_channel_ports
+
+    config = parse_config(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text()))
+    policies = network_policies(config)
+    ranks = range(replica_ranks(config, phase))
+    assert wrongly_reached(policies, config, phase, ranks) == []
+    last = tp_worker_ports(config, phase, ranks[-1])[-1]
+    assert last == side_channel_ports(config, phase)[1]
+    assert admitted(policies, HEAD, PREFILL if phase == "prefill" else DECODE, last + 1)
+
+
+@pytest.mark.serving
+def test_serves_ranks_stay_below_the_bound_however_replicas_stop_and_start():
+    """Ray Serve's own rank manager, driven through random starts and slow stops of a phase's
+    replicas, with as many rank holders at once as the node group holds placement groups: every rank
+    it gives stays below ``replica_ranks``, and ranks reach past max_replicas."""
+    import random
+
+    ray_state = pytest.importorskip("ray.serve._private.deployment_state")
+    from manifests.network_policies import replica_ranks
+
+    config = parse_config(yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text()))
+    for phase in ("prefill", "decode"):
+        bound, max_replicas = replica_ranks(config, phase), config.serving.phase(phase).max_replicas
+        seen: set[int] = set()
+        for seed in range(20):
+            chance = random.Random(seed)
+            ranks = ray_state.DeploymentRankManager()
+            holders: list[str] = []  # replicas placed and not yet stopped: each holds a placement group
+            for step in range(200):
+                if len(holders) < bound and (not holders or chance.random() < 0.6):
+                    replica = f"{seed}-{step}"
+                    seen.add(ranks.assign_rank(replica, f"node-{chance.randrange(8)}").rank)
+                    holders.append(replica)
+                else:
+                    ranks.release_rank(holders.pop(chance.randrange(len(holders))))
+        assert max(seen) == bound - 1 and max(seen) >= max_replicas, (phase, sorted(seen))
 
 
 def test_without_network_policies_none_are_rendered_and_the_cni_enforces_nothing(variant):
@@ -272,3 +354,20 @@ def test_the_docs_table_is_the_one_tested(variant):
     text = Path(DOCS).read_text()
     missing = [row for row in table_rows(variant) if row not in text]
     assert missing == [], "\n".join(missing)
+
+
+def test_the_docs_state_the_ranks_dev_and_prod_open():
+    from manifests.network_policies import replica_ranks
+
+    ranks = {
+        env: {phase: replica_ranks(parse_config(yaml.safe_load((CONFIG_DIR / f"{env}.yaml").read_text())), phase)
+              for phase in ("prefill", "decode")}
+        for env in ("dev", "prod")
+    }  # fmt: skip
+    assert ranks["dev"]["prefill"] == ranks["dev"]["decode"]
+    text = " ".join(DOCS.read_text().split())
+    stated = (
+        f"dev: {ranks['dev']['prefill']} per phase, prod: {ranks['prod']['prefill']} for prefill and "
+        f"{ranks['prod']['decode']} for decode"
+    )
+    assert stated in text
