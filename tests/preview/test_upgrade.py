@@ -67,5 +67,11 @@ def test_without_the_deployed_facts_the_cluster_would_be_replaced_and_the_entrie
     (cluster,) = [c for c in changes if c.type == "AWS::EKS::Cluster"]
     assert cluster.replaced and "AccessConfig.BootstrapClusterCreatorAdminPermissions" in cluster.impact
     assert any(line.startswith("REPLACED: AWS::EKS::Cluster") for line in summary.stateful), summary.stateful
+    # The cluster is named: CloudFormation cannot replace it, so no ALLOW_REPLACEMENT lets the deploy run.
+    from preview.classes import ChangeClass
+
+    (refused,) = summary.refused
+    assert refused.startswith("AWS::EKS::Cluster EksClusterB2BDED5B would be replaced") and "pd-dev" in refused
+    assert summary.change_class is ChangeClass.REFUSED
     moved = [w for w in summary.warnings if "moves from" in w]
     assert len(moved) == 2, summary.warnings
