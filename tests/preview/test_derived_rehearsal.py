@@ -41,6 +41,7 @@ class Outcome:
     summary: object = None  # the preview
     new: dict | None = None
     assembly: Path | None = None
+    config: object = None  # config.schema.AppConfig of the edited environment
 
 
 def _base(env: str) -> dict:
@@ -105,7 +106,17 @@ def rehearsed(variant):
             assembly = None
             if summary.changes and summary.change_class not in {o.change_class for o in outcomes if o.assembly}:
                 assembly = work / f"{name}-out"
-            outcomes.append(Outcome(env, edit, summary.change_class, summary=summary, new=new, assembly=assembly))
+            outcomes.append(
+                Outcome(
+                    env,
+                    edit,
+                    summary.change_class,
+                    summary=summary,
+                    new=new,
+                    assembly=assembly,
+                    config=new_stack.config,
+                )
+            )
         results[env] = outcomes
     report = Counter((o.env, o.change_class.label) for outcomes in results.values() for o in outcomes)
     print("\nderived rehearsal, edits per class:", dict(sorted(report.items())))
@@ -165,6 +176,33 @@ def test_nothing_that_holds_state_is_replaced_or_removed_without_asking(rehearse
                     if outcome.change_class < ChangeClass.STATEFUL_REPLACEMENT:
                         silent.append(f"{outcome.env} {outcome.edit.field} ({outcome.edit.what}): {change.type}")
     assert silent == [], "\n".join(silent)
+
+
+def test_every_edited_stack_can_be_destroyed_and_keeps_only_what_the_docs_name(rehearsed):
+    """Destroy, derived like the edits: in every template an accepted edit makes, each finalizer's owner
+    and what it needs outlive the objects that carry it (``tests/stacks/test_destroy_order.py``'s check,
+    from KubeRay's and the controllers' sources), and nothing outlives the stack but the model mirror
+    that docs/operations.md ("Destroying") names as kept."""
+    from tests.stacks.test_destroy_order import destroy_order_violations
+
+    problems = []
+    for outcomes in rehearsed.values():
+        for outcome in outcomes:
+            if outcome.new is None:
+                continue
+            where = f"{outcome.env} {outcome.edit.field} ({outcome.edit.what})"
+            _, violations = destroy_order_violations(outcome.new)
+            problems += [f"{where}: {v}" for v in violations]
+            kept = {
+                r["Type"]
+                for r in outcome.new["Resources"].values()
+                if r.get("DeletionPolicy") in ("Retain", "RetainExceptOnCreate", "Snapshot")
+            }
+            mirror_kept = outcome.config.model_mirror.enabled and outcome.config.mirror_kept_on_destroy
+            expected = {"AWS::S3::Bucket"} if mirror_kept else set()
+            if kept != expected:
+                problems.append(f"{where}: a destroy keeps {sorted(kept)}, the docs name {sorted(expected)}")
+    assert problems == [], "\n".join(problems)
 
 
 def test_make_deploy_never_attempts_an_update_cloudformation_would_roll_back(rehearsed, capsys):
