@@ -162,8 +162,7 @@ def test_nothing_that_holds_state_is_replaced_or_removed_without_asking(rehearse
     cluster, node groups, the Prometheus workspace), replaced or removed: the deploy asks first (or
     refuses), whatever the edit."""
     from preview.classes import ChangeClass
-    from preview.serving import STATEFUL
-    from preview.spec import is_stateful
+    from preview.serving import stateful_loss
 
     silent = []
     for outcomes in rehearsed.values():
@@ -172,7 +171,7 @@ def test_nothing_that_holds_state_is_replaced_or_removed_without_asking(rehearse
                 continue
             for change in outcome.summary.changes:
                 lost = change.op == "-" or change.replaced or change.may_be_replaced
-                if lost and (change.type in STATEFUL or is_stateful(change.type)):
+                if lost and stateful_loss(change.type) is not None:
                     if outcome.change_class < ChangeClass.STATEFUL_REPLACEMENT:
                         silent.append(f"{outcome.env} {outcome.edit.field} ({outcome.edit.what}): {change.type}")
     assert silent == [], "\n".join(silent)
