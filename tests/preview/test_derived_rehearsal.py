@@ -7,8 +7,9 @@ the base was deployed, compared with the base's template by CloudFormation's res
 own diff stays the authority: one representative of each class is run through it and must agree.
 An edit the schema refuses must say so in one line that names the field.
 
-The whole rehearsal takes about as long as its synths (in process, about a second each on 2 cores,
-a few hundred of them): it runs in the consumer tier (make test-consumers, make test).
+The whole rehearsal takes about as long as its synths: about 460 edits of dev and prod, in process,
+3 to 3.5 minutes on 2 cores, plus one CDK CLI diff per class. It runs in the consumer tier (make
+test-consumers, make test).
 """
 
 from __future__ import annotations
