@@ -170,6 +170,7 @@ def ray_reads_from_env(name: str, value: str) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.serving  # asks Ray's own config reader (requirements-serve.txt)
 def test_the_head_trusts_the_images_ca_bundle_for_the_stores_tls(prod):
     """A rediss:// store: the head (and so KubeRay's cleanup Job, built from its template) names the
     image's CA bundle in the variable Ray's GCS reads its CA file from; no worker gets it."""

@@ -54,6 +54,7 @@ def keys(s3) -> set[str]:
     return {o["Key"] for o in s3.list_objects_v2(Bucket="pd-dev-models").get("Contents", [])}
 
 
+@pytest.mark.serving  # the tiny model is written with tokenizers (requirements-serve.txt)
 def test_the_job_copies_what_the_engine_reads_and_verifies_it(s3, model_dir):
     lines: list[str] = []
     assert job.mirror(bucket="pd-dev-models", prefix="tiny-llama", from_dir=model_dir, s3=s3, out=lines.append) == 0
@@ -80,6 +81,7 @@ def test_the_job_copies_what_the_engine_reads_and_verifies_it(s3, model_dir):
     assert head["Metadata"]["sha256"] == job.sha256_of(model_dir / "model.safetensors")
 
 
+@pytest.mark.serving  # the tiny model is written with tokenizers (requirements-serve.txt)
 def test_a_second_run_resumes_and_copies_only_what_is_missing(s3, model_dir):
     job.mirror(bucket="pd-dev-models", prefix="tiny-llama", from_dir=model_dir, s3=s3, out=lambda _: None)
     s3.delete_object(Bucket="pd-dev-models", Key="tiny-llama/tokenizer.json")
@@ -96,6 +98,7 @@ def test_a_second_run_resumes_and_copies_only_what_is_missing(s3, model_dir):
     assert sum("already mirrored" in line for line in lines) == 4
 
 
+@pytest.mark.serving  # the tiny model is written with tokenizers (requirements-serve.txt)
 def test_a_file_that_does_not_match_its_checksum_is_not_uploaded(s3, model_dir, monkeypatch):
     files = job.dir_files(model_dir)
     tampered = [job.ModelFile(f.name, f.size, "0" * 64) if f.name == "model.safetensors" else f for f in files]
@@ -167,6 +170,7 @@ def test_only_the_gpu_workers_read_it_and_only_the_mirror_job_writes_it(tmp_path
     assert reads == {RAY_WORKER_SERVICE_ACCOUNT}
 
 
+@pytest.mark.serving  # the tiny model is written with tokenizers (requirements-serve.txt)
 def test_the_job_manifest_runs_the_script_on_the_system_nodes_with_the_writer(model_dir):
     config = parse_config(data("dev"))
     config_map, job_manifest = manifests(config, repo="Qwen/Qwen2.5-7B-Instruct", prefix="qwen2.5-7b-instruct")
@@ -370,6 +374,7 @@ def test_without_the_callback_ray_2_58_would_hand_vllm_the_model_id():
     assert engine_config.get_initialization_kwargs()["model"] == "qwen2.5-7b-instruct"
 
 
+@pytest.mark.serving  # reads the installed versions of the job's packages (requirements-serve.txt)
 def test_the_job_installs_its_packages_and_every_dependency_at_the_locked_versions():
     import importlib.metadata
 
