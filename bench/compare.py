@@ -31,7 +31,7 @@ from bench.run import (
     workload_named,
     write_report,
 )
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 
 LOCAL_SPEC = Path(__file__).resolve().parent.parent / "config" / "local.yaml"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_FILE = Path(__file__).resolve().parent / "workloads.yaml"

@@ -22,7 +22,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 
 # Prompt lengths in tokens (the tiny local model's tokenizer is byte level: one token per byte).
 PROMPT_TOKENS = {"short": 20, "medium": 500, "long": 1500}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from consumers import charts
 
 

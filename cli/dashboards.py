@@ -2,7 +2,7 @@
 
 import sys
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from manifests.dashboards import GRAFANA_FILE, grafana_json
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from cli import deploy_guard
-from cli.args import ArgumentParser
 from cli.preview import (
     NoDeployYet,
     PreviewRefused,
@@ -41,6 +40,7 @@ from cli.preview import (
     read_template_file,
     template_from_cloudformation,
 )
+from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
 from config.schema import DeployFacts
 from manifests.contract import WORKER_GROUPS

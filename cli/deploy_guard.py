@@ -27,7 +27,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts

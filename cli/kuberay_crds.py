@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
 from config.versions import KUBERAY_CRDS_KUSTOMIZATION
 

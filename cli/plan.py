@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config.loader import ConfigError, load_config
 from planner import PlanningError, render_text
 from planner.advisor import advise, with_calibration

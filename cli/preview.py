@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
 from preview import cdk_diff
 from preview.serving import summarize

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config.loader import ConfigError, load_config
 
 

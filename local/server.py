@@ -59,7 +59,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from local import leftovers, lifecycle, nixl_hook, ray_internals, shutdown
 from local.errors import StartupFailure
 from local.paths import (

@@ -189,7 +189,7 @@ def mirror_wheels(*, bucket: str, prefix: str, directory: Path, s3=None, out=pri
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """Errors in one line, exit 2 (as cli.args.ArgumentParser; this file runs alone in the Job)."""
+    """Errors in one line, exit 2 (as cmdline.ArgumentParser; this file runs alone in the Job)."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)

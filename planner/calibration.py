@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from planner.errors import PlanningError
 from planner.performance import EFFICIENCY, Device, Efficiency, Link, StepCost
 

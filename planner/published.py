@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from planner.models import ModelArchitecture
 from planner.performance import EFFICIENCY, Device, Link, StepCost
 from planner.simulate import EngineSpec, Outcome, Slo, Workload, simulate

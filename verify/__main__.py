@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
 from manifests.contract import METRICS_PORT, PHASES, SERVE_PORT
 from verify import checks

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.compare import compare
 from bench.run import default_tokenizer
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 from local.harness import LocalServer
 from local.metrics import NIXL_TRANSFERS, PROMPT_TOKENS_BY_SOURCE, counter_delta
 
