@@ -5,8 +5,12 @@ first checking the request's ``Authorization: Bearer <key>``.
 has an ``api_key_dir``; both builders (``build_pd_openai_app``, ``build_openai_app``) take it in Ray
 2.58 and 2.60 alike. The routes are exactly the ones ``make_fastapi_ingress`` registers
 (``DEFAULT_ENDPOINTS`` of Ray's ingress module, the same table in both versions), so a route Ray adds
-is guarded too, never served open. Serve's own ``/-/healthz`` and ``/-/routes`` are the proxy's,
-not the ingress's, and stay open for the health checks. A refusal is HTTP 401 in OpenAI's error shape.
+is guarded too, never served open. What the app answers beyond those routes (FastAPI's
+``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``: the map of every route and
+the server's versions) and any path it does not know are refused as well, by a check in front of
+the app's router (:class:`KeyCheck`), so without a key the app says nothing but 401. Serve's own
+``/-/healthz`` and ``/-/routes`` are the proxy's, not the ingress's, and stay open for the health
+checks. A refusal is HTTP 401 in OpenAI's error shape.
 
 The keys are files in one directory, one key per file (a Secrets Manager secret each, mounted by
 the CSI driver on the GPU workers; a file of `make local API_KEY=…`'s). Only their SHA-256 digests are
@@ -34,10 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS
 from ray.serve.llm.ingress import OpenAiIngress
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 
 # The parameter FastAPI fills with the request for a route whose own signature has none (/v1/models).
 REQUEST_PARAMETER = "_api_key_request"
@@ -175,6 +181,31 @@ def guarded(route: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
+class KeyCheck:
+    """ASGI middleware: an HTTP request without one of the keys gets the 401, whatever its path."""
+
+    def __init__(self, app: Any, *, keys: KeyDirectory) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refused = refusal(Headers(scope=scope), self.keys.digests())
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def check_every_request(app: Any, keys: KeyDirectory) -> None:
+    """Puts :class:`KeyCheck` innermost in ``app``'s middleware, just before its router: Ray's own
+    middleware (request ids, HTTP metrics, CORS, its error handling) sees a refusal as it sees a
+    route's own 401. Starlette builds the middleware stack at the app's first call, after this."""
+    if not isinstance(app, FastAPI):
+        raise TypeError(f"the keyed ingress serves a FastAPI app, not {type(app).__name__}")
+    app.user_middleware.append(Middleware(KeyCheck, keys=keys))
+
+
 class KeyedOpenAiIngress(OpenAiIngress):
     """``OpenAiIngress`` that answers only requests with one of the keys in ``api_key_dir``."""
 
@@ -182,6 +213,19 @@ class KeyedOpenAiIngress(OpenAiIngress):
         # Read before the parent starts anything: a replica without keys fails at start, loudly.
         self._api_keys = KeyDirectory(api_key_dir)
         super().__init__(*args, **kwargs)
+
+    # Serve's replica wrapper (ray.serve._private.http_util.ASGIAppReplicaWrapper, the class
+    # serve.ingress mixes in after this one) stores the FastAPI app it serves as ``self._asgi_app``
+    # once this constructor has run; the app Ray's builder made is reached nowhere else. A property
+    # here catches that assignment, however the wrapper makes it, and puts the key check in.
+    @property
+    def _asgi_app(self) -> Any:
+        return self.__dict__["_keyed_asgi_app"]
+
+    @_asgi_app.setter
+    def _asgi_app(self, app: Any) -> None:
+        check_every_request(app, self._api_keys)
+        self.__dict__["_keyed_asgi_app"] = app
 
 
 for _name in DEFAULT_ENDPOINTS:

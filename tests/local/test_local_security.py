@@ -160,6 +160,43 @@ def test_the_endpoint_answers_401_without_the_api_key_and_serves_with_it(server)
     )
 
 
+def answer_status(url: str, method: str = "GET", key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(url, method=method, headers=headers, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_without_the_api_key_nothing_but_the_health_check_answers(server):
+    """Every route the served map lists (read with the key), FastAPI's own pages (the map and the
+    docs built on it, at FastAPI's default paths) and a path nobody serves: 401 without the key."""
+    import re
+
+    from fastapi import FastAPI
+
+    root = server.base_url.removesuffix("/v1")
+    with urllib.request.urlopen(
+        urllib.request.Request(root + "/openapi.json", headers={"Authorization": f"Bearer {server.api_key}"}),
+        timeout=60,
+    ) as response:
+        served_map = json.loads(response.read())
+    routes = [
+        (method.upper(), re.sub(r"\{[^}]*\}", "x", path))
+        for path, methods in served_map["paths"].items()
+        for method in methods
+    ]
+    defaults = FastAPI()
+    pages = [defaults.openapi_url, defaults.docs_url, defaults.swagger_ui_oauth2_redirect_url, defaults.redoc_url]
+    requests = [*routes, *(("GET", page) for page in pages), ("GET", "/no-such-path")]
+    answers = {(method, path): answer_status(root + path, method) for method, path in requests}
+    assert ("POST", "/v1/completions") in answers
+    assert set(answers.values()) == {401}, {request: status for request, status in answers.items() if status != 401}
+    assert answer_status(root + "/-/healthz") == 200
+
+
 def models_status(server, key: str) -> int:
     request = urllib.request.Request(server.base_url + "/models", headers={"Authorization": f"Bearer {key}"})
     try:

@@ -124,3 +124,55 @@ def test_the_docs_state_the_bound_the_cluster_has():
     assert f"`rotationPollInterval`, {poll_s} s here" in text
     assert f"at most every {RELOAD_INTERVAL_S:g} s (`RELOAD_INTERVAL_S`" in text
     assert f"at most {poll_s + RELOAD_INTERVAL_S:g} s after the deploy" in text
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tmp_path_factory):
+    """The FastAPI app a keyed ingress replica serves, made as Ray's builders make it
+    (``make_fastapi_ingress``) and constructed as Serve constructs the replica's class, unserved."""
+    import asyncio
+
+    from ray.serve.llm.ingress import make_fastapi_ingress
+
+    from serve_app.ingress import KeyedOpenAiIngress
+
+    directory = tmp_path_factory.mktemp("api-keys")
+    (directory / "key-0").write_text("sk-unserved-71c3\n")
+    replica_class = make_fastapi_ingress(KeyedOpenAiIngress)
+    replica = replica_class.__new__(replica_class)
+    asyncio.run(replica.__init__(llm_deployments={}, model_cards={}, api_key_dir=str(directory)))
+    return replica.app, "sk-unserved-71c3"
+
+
+def route_requests(app) -> list[tuple[str, str]]:
+    """(method, path) for every route the app holds, its path parameters filled in."""
+    import re
+
+    return [
+        (method, re.sub(r"\{[^}]*\}", "x", route.path))
+        for route in app.routes
+        for method in sorted(getattr(route, "methods", None) or {"GET"})
+    ]
+
+
+def test_without_a_key_nothing_the_app_holds_answers_but_401(keyed_app):
+    """FastAPI's own pages (the OpenAPI map and the docs built on it) included, and a path it does not know."""
+    from starlette.testclient import TestClient
+
+    app, _ = keyed_app
+    client = TestClient(app)
+    requests = [*route_requests(app), ("GET", "/no-such-path")]
+    assert ("GET", app.openapi_url) in requests and ("GET", app.docs_url) in requests
+    answers = {(method, path): client.request(method, path).status_code for method, path in requests}
+    assert set(answers.values()) == {401}, {request: status for request, status in answers.items() if status != 401}
+
+
+def test_with_a_key_fastapis_own_pages_answer(keyed_app):
+    """The check refuses the keyless, not the pages: a caller with a key still reads the map."""
+    from starlette.testclient import TestClient
+
+    app, key = keyed_app
+    client = TestClient(app, headers={"Authorization": f"Bearer {key}"})
+    pages = [app.openapi_url, app.docs_url, app.redoc_url]
+    assert {page: client.get(page).status_code for page in pages} == dict.fromkeys(pages, 200)
+    assert "/v1/completions" in client.get(app.openapi_url).json()["paths"]
