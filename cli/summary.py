@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 from cmdline import ArgumentParser
 from config.loader import ConfigError, load_config
+from serve_app.spec import ServingSpec
+
+# The serving spec's field that makes both builders serve the keyed ingress; the Serve config in the
+# template carries it (null or a directory).
+KEY_DIRECTORY_FIELD = "api_key_dir"
+assert KEY_DIRECTORY_FIELD in ServingSpec.model_fields
+ASKS_FOR_A_KEY = re.compile(rf"\b{KEY_DIRECTORY_FIELD}: (?!null\b)\S")
 
 
 def summarize(config_path: str, outdir: str) -> str:
@@ -52,6 +60,7 @@ def summarize(config_path: str, outdir: str) -> str:
         f"  API endpoint    {'; '.join(access)}",
         f"  cluster admins  {', '.join(admins)}",
     ]
+    lines.append(f"  OpenAI endpoint {openai_endpoint(config, template_path.read_text())}")
     serving = config.serving
     lines += [
         f"  serving         {serving.mode}: {serving.model.model_id} ({serving.model.source}), "
@@ -59,6 +68,23 @@ def summarize(config_path: str, outdir: str) -> str:
         f"  image           {config.ray_service.image_for(config.aws.region)} (Ray {config.ray_service.ray_version})",
     ]
     return "\n".join(lines)
+
+
+def openai_endpoint(config, template_text: str) -> str:
+    """Where Serve's OpenAI endpoint can be reached from, and whether it asks for a key: the key
+    as the synthesized template ships it (the Serve config's serving spec names a key directory)."""
+    endpoint = config.ray_service.endpoint
+    if endpoint.internal_nlb:
+        reach = f"internal NLB for {', '.join(endpoint.allowed_cidrs)}, Serve's port open to the whole VPC"
+    else:
+        reach = "inside the cluster only (kubectl port-forward)"
+    if ASKS_FOR_A_KEY.search(template_text):
+        key = f"asks for an API key ({len(endpoint.api_key_secrets)} secret(s) in api_key_secrets)"
+    elif endpoint.internal_nlb:
+        key = "asks for NO key: any pod in the VPC may call it (open_to_vpc_without_key)"
+    else:
+        key = "asks for no key"
+    return f"{reach}; {key}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,16 @@ class EndpointExposure(StrictModel):
             "the OpenAI endpoint: a request without `Authorization: Bearer <one of them>` gets HTTP 401. "
             "The GPU workers mount them through the CSI driver, read with their own Pod Identity role; no "
             "value is ever in the config, a template or the Serve config. Several at once rotate a key: add "
-            "the new secret, deploy, move the clients, remove the old one, deploy. Empty: no key is asked for."
+            "the new secret, deploy, move the clients, remove the old one, deploy. Empty: no key is asked for, "
+            "which with internal_nlb needs open_to_vpc_without_key."
+        ),
+    )
+    open_to_vpc_without_key: bool = Field(
+        default=False,
+        description=(
+            "With internal_nlb and no api_key_secrets, serve the endpoint to every address in the VPC without "
+            "asking for a key, on purpose: the NLB shares the pods' subnets, so no network policy can keep a "
+            "pod of any namespace from Serve's port. Without it, such a config is refused."
         ),
     )
 
@@ -120,6 +129,13 @@ class EndpointExposure(StrictModel):
         check_cidrs(self.allowed_cidrs, example="10.0.0.0/8", prefix="allowed_cidrs: ")
         if self.internal_nlb and not self.allowed_cidrs:
             raise ValueError("internal_nlb is on but allowed_cidrs is empty; list the CIDRs that may call the endpoint")
+        if self.internal_nlb and not self.api_key_secrets and not self.open_to_vpc_without_key:
+            raise ValueError(
+                "internal_nlb is on without api_key_secrets, so any pod in the VPC could call the GPUs; name a key's "
+                "secret in api_key_secrets, or set open_to_vpc_without_key: true to serve the VPC without a key"
+            )
+        if self.open_to_vpc_without_key and self.api_key_secrets:
+            raise ValueError("open_to_vpc_without_key is set but api_key_secrets asks for a key; remove one of the two")
         return self
 
     @field_validator("api_key_secrets")

@@ -96,3 +96,34 @@ def test_without_keys_nothing_is_mounted_and_the_ingress_is_rays(variant):
     for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         assert all(v["name"] != api_keys.VOLUME for v in group["template"]["spec"].get("volumes", []))
     assert config.serving.api_key_dir is None
+
+
+def test_the_synth_summary_says_whether_the_endpoint_asks_for_a_key(variant, synthesized):
+    """`make synth`'s summary reads the key from the template it synthesized (the Serve config's
+    serving spec names a key directory), for a keyed endpoint, a cluster-internal one without a key, and an NLB
+    opened to the VPC without one."""
+    from cli.summary import openai_endpoint, summarize
+    from config.loader import parse_config
+    from config.schema import DeployFacts
+
+    _, _, outdir = variant("api-keys", keyed_data(), DeployFacts(api_key_kms_key_arns=[CUSTOMER_KEY]))
+    keyed_summary = summarize(str(outdir.parent / "api-keys.yaml"), str(outdir))
+    assert "  OpenAI endpoint inside the cluster only (kubectl port-forward); asks for an API key (2 secret(s)" in (
+        keyed_summary
+    )
+    config, _, _, _, dev_out = synthesized("dev")
+    assert "  OpenAI endpoint inside the cluster only (kubectl port-forward); asks for no key" in summarize(
+        str(CONFIG_DIR / "dev.yaml"), str(dev_out)
+    )
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["ray_service"]["endpoint"] = {
+        "internal_nlb": True,
+        "allowed_cidrs": ["10.0.0.0/8"],
+        "open_to_vpc_without_key": True,
+    }
+    open_nlb = parse_config(data)
+    keyless_template = (dev_out / f"{config.stack_name}.template.json").read_text()
+    assert openai_endpoint(open_nlb, keyless_template) == (
+        "internal NLB for 10.0.0.0/8, Serve's port open to the whole VPC; asks for NO key: any pod in the VPC may "
+        "call it (open_to_vpc_without_key)"
+    )

@@ -24,6 +24,28 @@ def test_nlb_without_allowed_cidrs(dev_data):
     assert "internal_nlb is on but allowed_cidrs is empty" in problems_for(dev_data)
 
 
+KEY = ["pd-llm/api-key"]
+
+
+@pytest.mark.parametrize("internal_nlb", [False, True])
+@pytest.mark.parametrize("keys", [[], KEY])
+@pytest.mark.parametrize("open_to_vpc", [False, True])
+def test_an_endpoint_open_to_the_vpc_without_a_key_is_chosen_in_writing(dev_data, internal_nlb, keys, open_to_vpc):
+    """Every combination of the NLB, keys and the opt-out: only a keyless NLB without the opt-out
+    is refused, and the opt-out beside a key (a name that would be untrue) is refused too."""
+    endpoint = {"internal_nlb": internal_nlb, "api_key_secrets": keys, "open_to_vpc_without_key": open_to_vpc}
+    dev_data["ray_service"] = {"endpoint": endpoint | ({"allowed_cidrs": ["10.0.0.0/8"]} if internal_nlb else {})}
+    if internal_nlb and not keys and not open_to_vpc:
+        problem = problems_for(dev_data)
+        assert "\n" not in problem and problem.startswith("test.yaml: ray_service.endpoint: ")
+        assert "api_key_secrets" in problem and "open_to_vpc_without_key: true" in problem
+    elif open_to_vpc and keys:
+        problem = problems_for(dev_data)
+        assert "\n" not in problem and "open_to_vpc_without_key" in problem and "api_key_secrets" in problem
+    else:
+        assert parse_config(dev_data).ray_service.endpoint.open_to_vpc_without_key == open_to_vpc
+
+
 def test_namespace_is_a_dns_label(dev_data):
     dev_data["ray_service"] = {"namespace": "LLM"}
     assert problems_for(dev_data) == (

@@ -41,7 +41,9 @@ def test_every_shipped_rayservice_passes_the_controller(env):
 
 VARIANTS = {
     "colocated": {"serving.mode": "colocated"},
-    "internal-nlb": {"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"]}},
+    "internal-nlb": {
+        "ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"], "open_to_vpc_without_key": True}
+    },
     "scale-to-zero-prefill": {"cluster.gpu_node_groups.prefill.min_size": 0},
     "longest-name": {"ray_service.name": "a" * 47},
     "gated": {

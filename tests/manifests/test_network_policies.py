@@ -153,7 +153,9 @@ def intended(variant: str) -> set[tuple[str, str, str]]:
 VARIANTS = {
     "dev": {},
     "nlb-cloudwatch": {
-        "ray_service": {"endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"]}},
+        "ray_service": {
+            "endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"], "open_to_vpc_without_key": True}
+        },
         "observability": {"backend": "cloudwatch"},
     },
 }

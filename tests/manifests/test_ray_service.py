@@ -76,7 +76,14 @@ def test_manifest_validates_against_kuberay_crd(rayservice_schema, env):
 
 def test_manifest_with_internal_nlb_validates(rayservice_schema):
     _, manifest = manifest_for(
-        "dev", **{"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": ["10.0.0.0/8"]}}
+        "dev",
+        **{
+            "ray_service.endpoint": {
+                "internal_nlb": True,
+                "allowed_cidrs": ["10.0.0.0/8"],
+                "open_to_vpc_without_key": True,
+            }
+        },
     )
     validate(rayservice_schema, manifest)
     service = manifest["spec"]["serveService"]

@@ -91,7 +91,10 @@ CATALOG = [
     Edit(
         "internal-nlb",
         "turn on the internal NLB",
-        _set("ray_service.endpoint", {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"]}),
+        _set(
+            "ray_service.endpoint",
+            {"internal_nlb": True, "allowed_cidrs": ["10.40.0.0/16"], "open_to_vpc_without_key": True},
+        ),
     ),
     Edit("cost-tag", "add a cost tag", _set("tags.cost-center", "ml-42")),
     Edit(

@@ -47,7 +47,14 @@ def _variants() -> dict[str, dict]:
     return {
         "gated": gated_data(),
         "internal-nlb": with_changes(
-            dev, {"ray_service.endpoint": {"internal_nlb": True, "allowed_cidrs": [dev["network"]["vpc_cidr"]]}}
+            dev,
+            {
+                "ray_service.endpoint": {
+                    "internal_nlb": True,
+                    "allowed_cidrs": [dev["network"]["vpc_cidr"]],
+                    "open_to_vpc_without_key": True,
+                }
+            },
         ),
         "mirror-dev": with_changes(dev, {"model_mirror.enabled": True}),
         # GCS fault tolerance outside production: one store node (prod has it on, with a replica).
