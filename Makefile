@@ -22,7 +22,7 @@ CHECKOV_VENV := .venv-checkov
 NCA_VENV := .venv-nca
 MODE ?= disaggregated
 ASSET ?=
-# make local HA=1: the cluster's shape, GCS fault tolerance on a loopback Redis (apt-get install redis-server).
+# make local HA=1: the cluster's shape, GCS fault tolerance on a loopback Redis (make installs Debian's redis-server).
 HA ?=
 # make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
 TEMPLATE ?=
@@ -54,7 +54,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy preview destroy check test test-unit test-consumers test-deps unit-deps consumer-deps charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy preview destroy check test test-unit test-consumers test-deps unit-deps consumer-deps redis-server charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -140,8 +140,19 @@ check: $(VENV)/.dev
 # so the test targets install them side by side (make -j4 on these targets). The unit tests read
 # the CDK CLI's copy of CloudFormation's resource specification and cross-check with NCA.
 TEST_TOOLS := node_modules/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed
-test-deps: $(VENV)/.serve $(TEST_TOOLS)
+test-deps: $(VENV)/.serve $(TEST_TOOLS) redis-server
 	@:
+# Redis, the GCS's external store in the fault-tolerant live tests and make local HA=1, is a
+# program, not a Python package the index serves: Debian's, installed here when it is missing and
+# this user can (root with apt-get); otherwise one line says what to run.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; \
+	  else \
+	    echo "the fault-tolerant local server needs redis-server: run sudo apt-get install redis-server (Debian, Ubuntu), then make again"; \
+	    exit 2; \
+	  fi; }
 unit-deps: $(VENV)/.dev node_modules/.installed $(NCA_VENV)/.installed
 	@:
 consumer-deps: $(VENV)/.dev $(TEST_TOOLS)
@@ -168,7 +179,7 @@ test-consumers:
 
 # ASSET=1: serve_app comes from $(CONFIG)'s synthesized code asset through a loopback S3, as on the cluster.
 # HA=1: a head with no resources and GCS fault tolerance on a loopback Redis, a worker node per phase.
-local: $(VENV)/.serve node_modules/.installed
+local: $(VENV)/.serve node_modules/.installed $(if $(HA),redis-server)
 	$(PY) -m local.server --mode $(MODE) $(if $(ASSET),--code-from-asset $(CONFIG)) $(if $(HA),--gcs-fault-tolerance) \
 	  $(if $(API_KEY),--api-key-env API_KEY) $(LOCAL_ARGS)
 
