@@ -23,9 +23,10 @@ def build_app(args: dict[str, Any]):
         from serve_app.selective import build_selective_pd_app
 
         return build_selective_pd_app(builder_args)
-    if spec.mode == "disaggregated" and spec.prewarm_nixl:
+    if spec.mode == "disaggregated":
         from serve_app.pd_decode import build_pd_app
 
-        # Decode's start must not wait for prefill (serve_app/pd_decode.py).
-        return build_pd_app(builder_args)
+        # Prefill's request must be valid wherever the client's is, and decode's start must not wait
+        # for prefill (serve_app/pd_decode.py).
+        return build_pd_app(builder_args, background_prewarm=spec.prewarm_nixl)
     return getattr(llm, builder_name)(builder_args)

@@ -16,6 +16,14 @@ again after ``PREWARM_PAUSE_S`` whenever Ray's gives up: a failure is logged, ne
 has gone through, requests do what they do with prewarm off: the first one to reach a prefill
 replica does its handshake.
 
+Ray's prefill request (``clamp_request_to_single_token`` in ray.llm's ``kv_transfer/base.py``) sets
+``max_tokens`` to 1 and keeps every other field of the client's request, so a field that vLLM checks
+against ``max_tokens`` fails on prefill although the client's request is valid: ``min_tokens`` (vLLM's
+``SamplingParams._verify_args``, "min_tokens must be less than or equal to max_tokens"). Prefill's
+one token is never shown to the client (decode computes the first token again from the KV it pulls),
+so :class:`OneTokenPrefill` fits those fields to that one token on the prefill request only; decode
+runs the client's request as sent.
+
 Ray's ``build_pd_openai_app`` picks its decode class by two module-level names of its builder
 (``PDDecodeServer``; ``DPPDDecodeServer`` with data parallelism). :func:`build_pd_app` swaps those
 names for the time of the call; everything else (prefill, ingress, options) is Ray's own code.
@@ -26,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import DPPDDecodeServer, PDDecodeServer
 
@@ -42,7 +51,78 @@ RAYS_DECODE_CLASSES = {DECODE_CLASS_NAME: PDDecodeServer, DP_DECODE_CLASS_NAME: 
 PREWARM_PAUSE_S = 30.0
 
 
-class BackgroundPrewarmPDDecodeServer(PDDecodeServer):
+# Request fields P/D cannot honour by design, each with why; a request with one gets HTTP 400.
+REFUSED_FIELDS = {
+    "kv_transfer_params": (
+        "it is what P/D's prefill and decode exchange for each request (where decode pulls the prompt's "
+        "KV from); a client's own cannot be honoured: remove it"
+    ),
+}
+
+
+def pd_refusal(request: Any) -> tuple[str, str] | None:
+    """(field, message) of the first field of ``request`` that P/D refuses, or None."""
+    for field, why in REFUSED_FIELDS.items():
+        if getattr(request, field, None) is not None:
+            return field, f"{field} is not accepted by this P/D endpoint: {why}"
+    return None
+
+
+async def _refused(field: str, message: str) -> AsyncIterator[ErrorResponse]:
+    yield ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", param=field, code=400))
+
+
+def fit_prefill_to_one_token(prefill_request: Any) -> None:
+    """Fits, in place, the fields vLLM checks against ``max_tokens`` to the one token Ray's prefill
+    request asks for."""
+    if getattr(prefill_request, "min_tokens", 0) > 1:
+        prefill_request.min_tokens = 1
+
+
+class OneTokenPrefill:
+    """Ray's KV-connector backend of a replica, whose prefill requests are fitted to their one token."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def prepare_prefill_request(self, *, request: Any, peer: Any) -> Any:
+        prefill_request = self._backend.prepare_prefill_request(request=request, peer=peer)
+        fit_prefill_to_one_token(prefill_request)
+        return prefill_request
+
+
+class OneTokenPrefillPDDecodeServer(PDDecodeServer):
+    """Ray's ``PDDecodeServer`` whose prefill requests are valid wherever the client's request is."""
+
+    _one_token_prefill: OneTokenPrefill | None = None
+
+    def _refusal(self, request: Any) -> AsyncIterator[ErrorResponse] | None:
+        """What decode answers to a request with a field P/D refuses, or None."""
+        refusal = pd_refusal(request)
+        return _refused(*refusal) if refusal else None
+
+    async def chat(self, request, raw_request_info=None):
+        return self._refusal(request) or await super().chat(request, raw_request_info)
+
+    async def completions(self, request, raw_request_info=None):
+        return self._refusal(request) or await super().completions(request, raw_request_info)
+
+    def _get_connector_backend(self) -> Any:
+        # Ray's orchestrator and its prewarm shape every prefill request through this backend (the
+        # same method in Ray 2.58, the cluster image's, and 2.60).
+        if self._one_token_prefill is None:
+            self._one_token_prefill = OneTokenPrefill(super()._get_connector_backend())
+        return self._one_token_prefill
+
+
+class OneTokenPrefillDPPDDecodeServer(OneTokenPrefillPDDecodeServer, DPPDDecodeServer):
+    """Ray's ``DPPDDecodeServer`` (decode with data parallelism), its prefill requests fitted the same way."""
+
+
+class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
     """Ray's ``PDDecodeServer`` whose prewarm runs after the constructor, until it goes through."""
 
     _prewarm_task: asyncio.Task | None = None
@@ -88,11 +168,18 @@ def decode_classes(classes: Mapping[str, type], setting: str, fix: str) -> Itera
             setattr(pd_builder, name, RAYS_DECODE_CLASSES[name])
 
 
-def build_pd_app(pd_serving_args: dict[str, Any]):
-    """``build_pd_openai_app(pd_serving_args)`` with decode's prewarm in the background."""
-    classes = {
-        DECODE_CLASS_NAME: BackgroundPrewarmPDDecodeServer,
-        DP_DECODE_CLASS_NAME: BackgroundPrewarmDPPDDecodeServer,
-    }
-    with decode_classes(classes, "serving.prewarm_nixl", "set it to false"):
+def build_pd_app(pd_serving_args: dict[str, Any], *, background_prewarm: bool):
+    """``build_pd_openai_app(pd_serving_args)`` with decode's prefill requests fitted to their one
+    token, and with ``background_prewarm`` its prewarm in the background."""
+    if background_prewarm:
+        classes: dict[str, type] = {
+            DECODE_CLASS_NAME: BackgroundPrewarmPDDecodeServer,
+            DP_DECODE_CLASS_NAME: BackgroundPrewarmDPPDDecodeServer,
+        }
+    else:
+        classes = {
+            DECODE_CLASS_NAME: OneTokenPrefillPDDecodeServer,
+            DP_DECODE_CLASS_NAME: OneTokenPrefillDPPDDecodeServer,
+        }
+    with decode_classes(classes, "serving.mode disaggregated", "Ray 2.58 and 2.60 have it"):
         return pd_builder.build_pd_openai_app(pd_serving_args)

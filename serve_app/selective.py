@@ -101,11 +101,15 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
         return count is not None and count < threshold
 
     async def chat(self, request, raw_request_info=None):
+        if refused := self._refusal(request):
+            return refused
         if await self._prefill_here(request):
             return await LLMServer.chat(self, request, raw_request_info)
         return await super().chat(request, raw_request_info)
 
     async def completions(self, request, raw_request_info=None):
+        if refused := self._refusal(request):
+            return refused
         if await self._prefill_here(request):
             return await LLMServer.completions(self, request, raw_request_info)
         return await super().completions(request, raw_request_info)

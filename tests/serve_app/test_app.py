@@ -51,9 +51,13 @@ def test_disaggregated_graph(local_ray):
     }
     decode = deployments["Decode:qwen2_5-7b-instruct"]
     prefill = deployments["Prefill:qwen2_5-7b-instruct"]
-    # Ray's decode with its prewarm in the background (serve_app/pd_decode.py), Ray's prefill.
-    assert decode.func_or_class.__name__ == "BackgroundPrewarmPDDecodeServer"
-    assert decode.func_or_class.__mro__[1].__name__ == "PDDecodeServer"
+    # Ray's decode with its prefill requests fitted to one token and its prewarm in the background
+    # (serve_app/pd_decode.py), Ray's prefill.
+    assert [cls.__name__ for cls in decode.func_or_class.__mro__[:3]] == [
+        "BackgroundPrewarmPDDecodeServer",
+        "OneTokenPrefillPDDecodeServer",
+        "PDDecodeServer",
+    ]
     assert prefill.func_or_class.__name__ == "PDPrefillServer"
     # ingress -> decode -> prefill
     ingress_children = deployments["OpenAiIngress"].init_kwargs["llm_deployments"]

@@ -27,7 +27,11 @@ from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import ( 
 )
 
 from local.ray_internals import submit_app  # noqa: E402
-from serve_app.pd_decode import BackgroundPrewarmDPPDDecodeServer, BackgroundPrewarmPDDecodeServer  # noqa: E402
+from serve_app.pd_decode import (  # noqa: E402
+    BackgroundPrewarmDPPDDecodeServer,
+    BackgroundPrewarmPDDecodeServer,
+    OneTokenPrefillPDDecodeServer,
+)
 
 # The replicas get this module's classes by value: pytest imports it from a path Ray's workers lack.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -219,6 +223,7 @@ def test_the_app_builds_decode_with_the_background_prewarm_and_leaves_ray_as_it_
     decode = graph(build_app(data_parallel))["Decode:qwen2_5-7b-instruct"].func_or_class
     assert decode is BackgroundPrewarmDPPDDecodeServer and issubclass(decode, DPPDDecodeServer)
     assert pd_builder.DPPDDecodeServer is DPPDDecodeServer
-    # Without prewarm, Ray's own decode is untouched.
+    # Without prewarm, decode is Ray's own with only its prefill requests fitted to their one token.
     without = graph(build_app(cluster_spec(pd_min_prompt_tokens=0, prewarm_nixl=False).model_dump(mode="json")))
-    assert without["Decode:qwen2_5-7b-instruct"].func_or_class is PDDecodeServer
+    assert without["Decode:qwen2_5-7b-instruct"].func_or_class is OneTokenPrefillPDDecodeServer
+    assert not issubclass(OneTokenPrefillPDDecodeServer, BackgroundPrewarmPDDecodeServer)

@@ -32,12 +32,12 @@ def decode_deployment(spec: ServingSpec):
 
 
 def test_off_keeps_rays_own_pd_graph(local_ray):
-    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+    from serve_app.pd_decode import OneTokenPrefillPDDecodeServer
 
     # Without prewarm too: with it, decode is Ray's class with its prewarm in the background
-    # (tests/serve_app/test_pd_decode.py).
+    # (tests/serve_app/test_pd_decode.py); either way its prefill requests fit their one token.
     decode = decode_deployment(cluster_spec(pd_min_prompt_tokens=0, prewarm_nixl=False))
-    assert decode.func_or_class is PDDecodeServer
+    assert decode.func_or_class is OneTokenPrefillPDDecodeServer
     assert SELECTIVE_THRESHOLD_KEY not in decode.init_kwargs["llm_config"].experimental_configs
 
 
