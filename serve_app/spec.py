@@ -34,6 +34,9 @@ MANAGED_ENGINE_KWARGS = {
     "served_model_name": "model.model_id",
     "device": "device",
     "load_format": "model.load_format",
+    "enable_auto_tool_choice": "tool_call_parser",
+    "tool_call_parser": "tool_call_parser",
+    "reasoning_parser": "reasoning_parser",
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -44,6 +47,116 @@ SELECTIVE_THRESHOLD_KEY = "pd_min_prompt_tokens"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
 SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
+# vLLM's tool-call and reasoning parsers by name: the keys of its registries
+# (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER, vllm/reasoning/__init__.py
+# _REASONING_PARSERS_TO_REGISTER). Pinned here because the spec is checked at synth, where vLLM is not
+# installed; these are the registries of the vLLM the local run and its tests use (0.32), which
+# tests/serve_app/test_tool_calling.py keeps equal to the installed one's. The cluster image's vLLM
+# (0.26.0) could not be read here: a name newer than it passes synth and fails the engine's start.
+TOOL_CALL_PARSERS = frozenset(
+    {
+        "apertus",
+        "cohere_command3",
+        "cohere_command4",
+        "deepseek_v3",
+        "deepseek_v31",
+        "deepseek_v32",
+        "deepseek_v4",
+        "deepseek_v41",
+        "dots",
+        "ernie45",
+        "functiongemma",
+        "gemma4",
+        "gigachat3",
+        "glm45",
+        "glm47",
+        "granite",
+        "granite-20b-fc",
+        "granite4",
+        "hermes",
+        "hf",
+        "hunyuan_a13b",
+        "hy_v3",
+        "hy_v4",
+        "inkling",
+        "internlm",
+        "jamba",
+        "k2_horizon",
+        "kimi_k2",
+        "kimi_k3",
+        "lfm2",
+        "ling3",
+        "llama3_json",
+        "llama4_json",
+        "llama4_pythonic",
+        "longcat",
+        "mimo",
+        "minicpm5",
+        "minimax_m2",
+        "minimax_m3",
+        "mistral",
+        "muse_glimmer",
+        "olmo3",
+        "openai",
+        "phi4_mini_json",
+        "plamo3",
+        "poolside_v1",
+        "pythonic",
+        "qwen3_coder",
+        "qwen3_json",
+        "qwen3_xml",
+        "seed_oss",
+        "step3",
+        "step3p5",
+        "xlam",
+    }
+)
+REASONING_PARSERS = frozenset(
+    {
+        "cohere_command3",
+        "cohere_command4",
+        "deepseek_r1",
+        "deepseek_v3",
+        "deepseek_v4",
+        "deepseek_v41",
+        "ernie45",
+        "gemma4",
+        "glm45",
+        "glm47",
+        "granite",
+        "granite_thinking_parser",
+        "hf",
+        "holo2",
+        "hunyuan_a13b",
+        "hy_v3",
+        "hy_v4",
+        "inkling",
+        "k2_horizon",
+        "kimi_k2",
+        "kimi_k3",
+        "ling3",
+        "mimo",
+        "minicpmv",
+        "minimax_m2",
+        "minimax_m2_append_think",
+        "minimax_m3",
+        "mistral",
+        "muse_glimmer",
+        "nemotron_v3",
+        "olmo3",
+        "openai_gptoss",
+        "plamo3",
+        "poolside_v1",
+        "qwen3",
+        "seed_oss",
+        "step3",
+        "step3p5",
+    }
+)
+# The tool-call parser of each model family the docs name, by a pattern of the model's source or id.
+FAMILY_TOOL_CALL_PARSERS = ((re.compile(r"qwen2[._-]?5", re.IGNORECASE), "hermes"),)
+# tool_call_parser's value that turns tool calling off for a family that has a default.
+NO_PARSER = "none"
 # Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
 DECODE_SIDE_CHANNEL_OFFSET = 2000
 
@@ -371,6 +484,22 @@ class ServingSpec(SpecModel):
             "gone), at the price of cutting generations longer than it."
         ),
     )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description=(
+            "vLLM's tool-call parser for the model, on every phase alike (vLLM's enable_auto_tool_choice and "
+            "tool_call_parser): requests with `tools` may then use tool_choice auto, required or a named "
+            "function, and get `tool_calls` back. Empty: the parser of the model's family where one is known "
+            "(Qwen2.5: hermes), else tool calling is off; `none`: off."
+        ),
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description=(
+            "vLLM's reasoning parser, on every phase alike, for a model that reasons before it answers "
+            "(e.g. qwen3, deepseek_r1): its reasoning comes back apart from the answer. Empty: none."
+        ),
+    )
     api_key_dir: str | None = Field(
         default=None,
         description=(
@@ -406,6 +535,26 @@ class ServingSpec(SpecModel):
                     "(use model.hf_token_secret for a Hugging Face token)"
                 )
         return self
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, value: str | None) -> str | None:
+        if value is not None and value != NO_PARSER and value not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"{value!r} is not a tool-call parser vLLM knows; use one of {', '.join(sorted(TOOL_CALL_PARSERS))}, "
+                f"or {NO_PARSER} to turn tool calling off"
+            )
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in REASONING_PARSERS:
+            raise ValueError(
+                f"{value!r} is not a reasoning parser vLLM knows; use one of {', '.join(sorted(REASONING_PARSERS))}, "
+                "or leave it empty"
+            )
+        return value
 
     @model_validator(mode="after")
     def _selective_threshold_below_the_context(self) -> ServingSpec:
@@ -471,8 +620,24 @@ class ServingSpec(SpecModel):
             kwargs["kv_transfer_config"] = self.kv_transfer_config(phase)
         if self.model.streams:
             kwargs["load_format"] = "runai_streamer"
+        # Every phase alike: in P/D, prefill renders the request as decode does.
+        if self.tool_calling_parser:
+            kwargs["enable_auto_tool_choice"] = True
+            kwargs["tool_call_parser"] = self.tool_calling_parser
+        if self.reasoning_parser:
+            kwargs["reasoning_parser"] = self.reasoning_parser
         kwargs.update(spec.engine_kwargs)
         return kwargs
+
+    @property
+    def tool_calling_parser(self) -> str | None:
+        """The tool-call parser the engines use: the one named, else the model family's; None when off."""
+        if self.tool_call_parser is not None:
+            return None if self.tool_call_parser == NO_PARSER else self.tool_call_parser
+        for family, parser in FAMILY_TOOL_CALL_PARSERS:
+            if family.search(self.model.source) or family.search(self.model.model_id):
+                return parser
+        return None
 
     def runtime_env(self, phase: str | None = None) -> dict[str, Any]:
         env = dict(self.env_vars)

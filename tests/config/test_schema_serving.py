@@ -32,3 +32,24 @@ def test_replica_bounds_out_of_order(dev_data):
     dev_data["serving"]["decode"]["min_replicas"] = 2
     dev_data["serving"]["decode"]["max_replicas"] = 1
     assert "serving.decode: min_replicas (2) > max_replicas (1)" in problems_for(dev_data)
+
+
+def test_unknown_tool_call_parser_is_one_line_naming_the_field_and_vllms_parsers(dev_data):
+    from serve_app.spec import TOOL_CALL_PARSERS
+
+    dev_data["serving"]["tool_call_parser"] = "hermes2"
+    (line,) = [line for line in problems_for(dev_data).splitlines() if "tool_call_parser" in line]
+    assert "serving.tool_call_parser: 'hermes2' is not a tool-call parser vLLM knows; use one of" in line
+    assert all(name in line for name in TOOL_CALL_PARSERS)
+
+
+def test_unknown_reasoning_parser_is_refused(dev_data):
+    dev_data["serving"]["reasoning_parser"] = "qwen4"
+    assert "serving.reasoning_parser: 'qwen4' is not a reasoning parser vLLM knows" in problems_for(dev_data)
+
+
+def test_tool_calling_is_set_by_the_spec_not_per_phase(dev_data):
+    dev_data["serving"]["prefill"]["engine_kwargs"] = {"tool_call_parser": "hermes"}
+    assert "engine_kwargs.tool_call_parser is set by the spec; use serving.tool_call_parser instead" in problems_for(
+        dev_data
+    )

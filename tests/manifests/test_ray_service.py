@@ -184,6 +184,26 @@ def test_serve_config_v2_is_one_app_whose_args_are_the_spec():
     assert ServingSpec.model_validate(app["args"]) == config.serving
 
 
+@pytest.mark.parametrize(
+    "changes, parser",
+    [
+        ({}, "hermes"),
+        ({"serving.tool_call_parser": "llama3_json"}, "llama3_json"),
+        ({"serving.tool_call_parser": "none"}, None),
+    ],
+    ids=["qwen2.5-family-default", "named", "off"],
+)
+def test_tool_calling_reaches_every_phase_of_the_served_app_alike(changes, parser):
+    _, manifest = manifest_for("dev", **changes)
+    (app,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    spec = ServingSpec.model_validate(app["args"])
+    assert spec.model.source.startswith("Qwen/Qwen2.5-")
+    for phase in ("prefill", "decode", "colocated"):
+        engine_kwargs = spec.llm_config(phase)["engine_kwargs"]
+        assert engine_kwargs.get("tool_call_parser") == parser
+        assert engine_kwargs.get("enable_auto_tool_choice", False) is (parser is not None)
+
+
 def test_upgrade_strategy_keeps_endpoint_up():
     _, manifest = manifest_for("dev")
     assert manifest["spec"]["upgradeStrategy"] == {"type": "NewCluster"}

@@ -63,6 +63,8 @@ VALUES: dict[str, list[Any]] = {
     "serving.*.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.api_key_dir": ["/etc/pd-serving/api-keys"],
+    "serving.tool_call_parser": ["llama3_json"],
+    "serving.reasoning_parser": ["qwen3"],
     "tags": [{"cost-center": "ml-42"}],
     "model_mirror.bucket_name": ["pd-weights-mirror"],
     "observability.amp_workspace_arn": ["arn:aws:aps:us-east-2:000000000000:workspace/ws-0123abcd"],
