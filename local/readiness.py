@@ -71,7 +71,7 @@ def models_listed(base_url: str, api_key: str | None = None) -> bool:
 def chat_once(
     base_url: str, model: str, timeout: float, api_key: str | None = None, min_prompt_tokens: int = 0
 ) -> str | None:
-    """None if one chat completion succeeds, else what went wrong. ``min_prompt_tokens``: the prompt
+    """None if one chat completion (with logprobs) succeeds, else what went wrong. ``min_prompt_tokens``: the prompt
     is at least that long (each added word is a token or more), so that selective P/D sends it
     through prefill."""
     padding = " ready" * min_prompt_tokens
@@ -81,6 +81,10 @@ def chat_once(
             "messages": [{"role": "user", "content": f"ready check {time.time_ns()}{padding}"}],
             "max_tokens": 2,
             "temperature": 0,
+            # vLLM compiles its logprobs kernel in each engine at the first request with logprobs
+            # (seconds on this CPU): ready means that first one was this.
+            "logprobs": True,
+            "top_logprobs": 1,
         }
     ).encode()
     request = urllib.request.Request(

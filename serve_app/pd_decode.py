@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 DECODE_CLASS_NAME = "PDDecodeServer"
 DP_DECODE_CLASS_NAME = "DPPDDecodeServer"
 RAYS_DECODE_CLASSES = {DECODE_CLASS_NAME: PDDecodeServer, DP_DECODE_CLASS_NAME: DPPDDecodeServer}
+# The logprobs the prewarm request asks for (BackgroundPrewarmPDDecodeServer._make_dummy_request).
+PREWARM_LOGPROBS = 1
 # How long decode waits before it runs Ray's prewarm again after Ray's own retries gave up.
 PREWARM_PAUSE_S = 30.0
 
@@ -126,6 +128,15 @@ class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
     """Ray's ``PDDecodeServer`` whose prewarm runs after the constructor, until it goes through."""
 
     _prewarm_task: asyncio.Task | None = None
+
+    def _make_dummy_request(self, model_id: str) -> Any:
+        # vLLM compiles its logprobs kernel (batched_count_greater_than, torch.compile in
+        # v1/sample/ops/logprobs.py) in each engine at the first request that asks for logprobs:
+        # seconds on a GPU node, more on a CPU, paid by a client. With logprobs, the prewarm request
+        # has every prefill replica and decode compile it before traffic.
+        request = super()._make_dummy_request(model_id)
+        request.logprobs = PREWARM_LOGPROBS
+        return request
 
     async def _maybe_prewarm(self) -> None:
         # Kept on the replica: the event loop holds tasks only weakly.
