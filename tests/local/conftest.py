@@ -5,7 +5,8 @@ is named by what it is started with (``LIVE_SERVERS``), at most one runs at a ti
 this machine's cores), and it stays up for as long as the tests that use it run one after the
 other. ``ORDER`` makes sure they do: the colocated server's tests; the kill -9 test, whose "next
 start" is the disaggregated server; the disaggregated server's tests (the streaming ones first:
-they only read, while the disaggregated module kills a replica and rolls the app out); then the
+they only read, while the disaggregated module kills a replica and rolls the app out; the P/D half
+of the parity sweep among them, its colocated half beside the colocated tests); then the
 life-cycle tests, which start servers of their own and stop any shared one first.
 """
 
@@ -51,8 +52,10 @@ LIVE_SERVERS = {
 ORDER = [
     "test_local_processes.py",
     "test_local_colocated.py",
+    "test_local_parity.py::test_colocated_answers_are_recorded",
     "test_local_lifecycle.py::test_after_a_kill_9_the_next_start_cleans_up_and_serves",
     "test_local_streaming.py",
+    "test_local_parity.py",
     "test_local_disaggregated.py",
     "test_local_security.py",
     "test_local_gcs_fault_tolerance.py",
@@ -112,6 +115,12 @@ def shared_servers():
         yield servers
     finally:
         servers.stop()
+
+
+@pytest.fixture(scope="session")
+def parity_answers() -> dict:
+    """The colocated server's answers, which the P/D server's must equal (test_local_parity.py)."""
+    return {}
 
 
 @pytest.fixture(scope="session")
