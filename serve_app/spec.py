@@ -37,6 +37,7 @@ MANAGED_ENGINE_KWARGS = {
     "enable_auto_tool_choice": "tool_call_parser",
     "tool_call_parser": "tool_call_parser",
     "reasoning_parser": "reasoning_parser",
+    "enable_prefix_caching": "prefix_caching",
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -444,6 +445,16 @@ class ServingSpec(SpecModel):
             "small while a busy engine still batches its streams' tokens."
         ),
     )
+    prefix_caching: bool = Field(
+        default=True,
+        description=(
+            "vLLM's automatic prefix caching in every engine (enable_prefix_caching), rendered explicitly "
+            "for each phase. A prompt that starts with blocks an engine already computed (a conversation's "
+            "earlier turns, a shared system prompt or document) reuses them: prefill computes only the rest, "
+            "and decode pulls over NIXL only the blocks it does not hold. Off, every prompt is computed and "
+            "moved whole; only for a measurement without reuse."
+        ),
+    )
     pd_tokenize_once: bool = Field(
         default=True,
         description=(
@@ -613,6 +624,8 @@ class ServingSpec(SpecModel):
             "max_model_len": self.max_model_len,
             "dtype": self.dtype,
             "tensor_parallel_size": spec.tensor_parallel_size,
+            # vLLM's default depends on the model and platform; the spec says what every engine does.
+            "enable_prefix_caching": self.prefix_caching,
         }
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization

@@ -59,7 +59,7 @@ VALUES: dict[str, list[Any]] = {
     "serving.model.hub_id": ["Qwen/Qwen2.5-7B-Instruct"],
     "serving.model.source_region": ["us-west-2"],
     "serving.kv_transfer.side_channel_host": ["0.0.0.0"],
-    "serving.*.engine_kwargs": [{"enable_prefix_caching": True}],
+    "serving.*.engine_kwargs": [{"max_num_batched_tokens": 4096}],
     "serving.*.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.api_key_dir": ["/etc/pd-serving/api-keys"],
