@@ -158,6 +158,17 @@ REASONING_PARSERS = frozenset(
 FAMILY_TOOL_CALL_PARSERS = ((re.compile(r"qwen2[._-]?5", re.IGNORECASE), "hermes"),)
 # tool_call_parser's value that turns tool calling off for a family that has a default.
 NO_PARSER = "none"
+# The request routers a phase may name: the class Ray Serve imports for the deployment's handles
+# (None: Serve's default, power of two choices). PrefixCacheAffinityRouter is in
+# python/ray/serve/llm/request_router.py of Ray 2.58.0 (PublicAPI beta; the cluster image's) and 2.60.0
+# (the tests'). Serve's routers in both take the handle's session_id and never read it, so session
+# affinity is not offered.
+REQUEST_ROUTER_CLASSES: dict[str, str | None] = {
+    "power_of_two": None,
+    "prefix_affinity": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+}
+# The oldest Ray whose source was read to hold each router class (older ones are refused at synth).
+REQUEST_ROUTER_SINCE_RAY = {"prefix_affinity": (2, 58)}
 # Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
 DECODE_SIDE_CHANNEL_OFFSET = 2000
 
@@ -360,6 +371,17 @@ class PhaseSpec(SpecModel):
         description=(
             "Environment variables for this phase's engine replicas only, over the spec's env_vars (e.g. "
             "VLLM_CPU_OMP_THREADS_BIND, which must differ per phase on a CPU). Never secrets."
+        ),
+    )
+    request_router: Literal["power_of_two", "prefix_affinity"] = Field(
+        default="power_of_two",
+        description=(
+            "How Serve picks one of this phase's replicas for a request (it matters from two replicas on). "
+            "power_of_two: Serve's default, the less loaded of two random replicas; a conversation's turns land "
+            "on replicas that may never have seen its history. prefix_affinity: Ray Serve LLM's "
+            "PrefixCacheAffinityRouter (Ray 2.58+), the replica whose earlier prompts share the longest prefix "
+            "with this one while the replicas' queues are balanced, so its prefix cache is hit; needs "
+            "serving.prefix_caching. For decode it picks among decode replicas, for prefill among prefill's."
         ),
     )
     max_surge_percent: int | None = Field(
@@ -568,6 +590,17 @@ class ServingSpec(SpecModel):
         return value
 
     @model_validator(mode="after")
+    def _prefix_affinity_needs_the_prefix_cache(self) -> ServingSpec:
+        for phase in ("prefill", "decode", "colocated"):
+            if self.phase(phase).request_router == "prefix_affinity" and not self.prefix_caching:
+                raise ValueError(
+                    f"{phase}.request_router is prefix_affinity, but prefix_caching is false, so no replica would "
+                    f"reuse the prefix it is chosen for; set prefix_caching: true or {phase}.request_router: "
+                    "power_of_two"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _selective_threshold_below_the_context(self) -> ServingSpec:
         if self.pd_min_prompt_tokens >= self.max_model_len:
             raise ValueError(
@@ -695,6 +728,7 @@ class ServingSpec(SpecModel):
                 "ray_actor_options": {"num_cpus": 0},
                 "graceful_shutdown_timeout_s": self.drain_seconds,
                 **({"max_surge_percent": spec.max_surge_percent} if spec.max_surge_percent is not None else {}),
+                **self.request_router_config(phase),
             },
             "log_engine_metrics": True,
         }
@@ -717,6 +751,11 @@ class ServingSpec(SpecModel):
         if callback_kwargs:
             config["callback_config"] = {"callback_class": ENGINE_CALLBACK, "callback_kwargs": callback_kwargs}
         return config
+
+    def request_router_config(self, phase: str) -> dict[str, Any]:
+        """The ``request_router_config`` of a phase's deployment_config, or nothing for Serve's default."""
+        router_class = REQUEST_ROUTER_CLASSES[self.phase(phase).request_router]
+        return {"request_router_config": {"request_router_class": router_class}} if router_class else {}
 
     def side_channel_port(self, phase: str) -> int:
         """The first NIXL handshake port of a phase's engines (Ray adds a per-replica offset)."""

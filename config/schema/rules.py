@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from config import catalog
 from config.schema.mirror import s3_bucket_name_problem
 from config.schema.observability import AMP_MIN_SCRAPE_INTERVAL
-from serve_app.spec import PHASES
+from serve_app.spec import PHASES, REQUEST_ROUTER_CLASSES, REQUEST_ROUTER_SINCE_RAY
 
 if TYPE_CHECKING:
     from config.schema.app import AppConfig
@@ -104,6 +104,23 @@ def surge_needs_ray_2_60(config: AppConfig) -> str | None:
                 f"serving.{phase}.max_surge_percent needs Ray 2.60 or newer (Serve starts replacements before it "
                 f"stops old replicas from 2.60 on; 2.58 silently ignores the key), but ray_service.ray_version is "
                 f"{config.ray_service.ray_version}: remove it, or use an image with Ray 2.60+ and set ray_version"
+            )
+    return None
+
+
+def router_in_the_images_ray(config: AppConfig) -> str | None:
+    """serving.<phase>.request_router names a router class the image's Ray ships."""
+    ray_version = tuple(int(p) for p in re.findall(r"\d+", config.ray_service.ray_version)[:2])
+    for phase in ("prefill", "decode", "colocated"):
+        router = config.serving.phase(phase).request_router
+        since = REQUEST_ROUTER_SINCE_RAY.get(router)
+        if since and ray_version < since:
+            oldest = ".".join(map(str, since))
+            router_class = str(REQUEST_ROUTER_CLASSES[router]).rpartition(":")[2]
+            return (
+                f"serving.{phase}.request_router {router} needs Ray {oldest} or newer (Ray Serve's "
+                f"{router_class}), but ray_service.ray_version is {config.ray_service.ray_version}: "
+                f"use power_of_two, or an image with Ray {oldest}+ and set ray_version"
             )
     return None
 
@@ -217,6 +234,7 @@ RULES: tuple[Rule, ...] = (
     s3_source_in_region,
     mirror_name,
     surge_needs_ray_2_60,
+    router_in_the_images_ray,
     token_secret_in_region,
     api_key_secrets_in_region,
     amp_scrape_interval,

@@ -107,6 +107,7 @@ def test_rules_run_in_the_order_the_validators_ran():
         "s3_source_in_region",
         "mirror_name",
         "surge_needs_ray_2_60",
+        "router_in_the_images_ray",
         "token_secret_in_region",
         "api_key_secrets_in_region",
         "amp_scrape_interval",

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from config.loader import load_config
-from serve_app.spec import ServingSpec, load_spec
+from config.loader import ConfigError, load_config, parse_config
+from config.versions import SERVING_IMAGE_RAY_VERSION
+from serve_app.spec import REQUEST_ROUTER_SINCE_RAY, ServingSpec, load_spec
 from tests.conftest import CONFIG_DIR, SHIPPED_ENVIRONMENTS, rendered_ray_service
 
 
@@ -59,3 +60,63 @@ def test_prefix_caching_off_reaches_every_engine_and_engine_kwargs_cannot_say_ot
         ValueError, match=r"engine_kwargs.enable_prefix_caching is set by the spec; use serving.prefix_caching"
     ):
         ServingSpec.model_validate(data)
+
+
+# -- the request router of each phase ---------------------------------------------------------------
+
+
+def rendered_deployment_configs(env: str, **changes) -> dict[str, dict]:
+    """Each phase's deployment_config as the stack's serveConfigV2 hands it to Ray's builder."""
+    data = load_config(CONFIG_DIR / f"{env}.yaml").model_dump(mode="json")
+    for path, value in changes.items():
+        phase, field = path.split(".")
+        data["serving"][phase][field] = value
+    manifest = rendered_ray_service(parse_config(data, source="test.yaml"))
+    (app,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    _, args = ServingSpec.model_validate(app["args"]).builder_args()
+    return {phase: args[f"{phase}_config"]["deployment_config"] for phase in ("prefill", "decode")}
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_prefix_affinity_is_rendered_into_the_phases_deployment_and_only_there(phase):
+    other = "decode" if phase == "prefill" else "prefill"
+    configs = rendered_deployment_configs("dev", **{f"{phase}.request_router": "prefix_affinity"})
+    assert configs[phase]["request_router_config"] == {
+        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
+    }
+    # Power of two is Serve's own default: nothing is rendered for it.
+    assert "request_router_config" not in configs[other]
+
+
+def test_power_of_two_is_the_default_and_leaves_serve_its_own_router():
+    for env in SHIPPED_ENVIRONMENTS:
+        assert all("request_router_config" not in c for c in rendered_deployment_configs(env).values())
+
+
+def test_prefix_affinity_without_the_prefix_cache_is_refused_in_one_line_naming_field_and_fix():
+    data = load_config(CONFIG_DIR / "dev.yaml").model_dump(mode="json")
+    data["serving"]["prefix_caching"] = False
+    data["serving"]["prefill"]["request_router"] = "prefix_affinity"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source="test.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert "prefill.request_router is prefix_affinity, but prefix_caching is false" in line
+    assert "set prefix_caching: true or prefill.request_router: power_of_two" in line
+
+
+def test_a_router_the_images_ray_lacks_is_refused_in_one_line_naming_field_and_fix():
+    data = load_config(CONFIG_DIR / "dev.yaml").model_dump(mode="json")
+    data["serving"]["decode"]["request_router"] = "prefix_affinity"
+    major, minor = REQUEST_ROUTER_SINCE_RAY["prefix_affinity"]
+    older = f"{major}.{minor - 1}.0"
+    data["ray_service"]["ray_version"] = older
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source="test.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert (
+        f"serving.decode.request_router prefix_affinity needs Ray 2.58 or newer (Ray Serve's PrefixCacheAffinityRouter), "
+        f"but ray_service.ray_version is {older}: use power_of_two" in line
+    )
+    # The image's own Ray has it.
+    data["ray_service"]["ray_version"] = SERVING_IMAGE_RAY_VERSION
+    assert parse_config(data, source="test.yaml").serving.decode.request_router == "prefix_affinity"

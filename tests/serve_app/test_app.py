@@ -113,6 +113,24 @@ def test_with_an_api_key_dir_both_builders_serve_the_keyed_ingress(local_ray, mo
     assert not issubclass(plain.func_or_class, KeyedOpenAiIngress) and "api_key_dir" not in plain.init_kwargs
 
 
+def test_each_phases_router_is_the_class_rays_serve_imports_for_its_handles(local_ray):
+    """The rendered router reaches Ray's deployment config, and the class it names is the tests' Ray's
+    own PrefixCacheAffinityRouter (the cluster image's Ray 2.58.0 ships it at the same path)."""
+    from ray._common.utils import import_attr
+    from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+
+    from serve_app.app import build_app
+
+    data = cluster_spec().model_dump(mode="json")
+    data["prefill"]["request_router"] = "prefix_affinity"
+    deployments = graph(build_app(data))
+    prefill = deployments["Prefill:qwen2_5-7b-instruct"]._deployment_config.request_router_config
+    decode = deployments["Decode:qwen2_5-7b-instruct"]._deployment_config.request_router_config
+    assert import_attr(prefill.request_router_class) is PrefixCacheAffinityRouter
+    # Left to Serve: its default router, power of two choices.
+    assert import_attr(decode.request_router_class).__name__ == "PowerOfTwoChoicesRequestRouter"
+
+
 def test_a_drain_longer_than_the_request_timeout_is_refused():
     with pytest.raises(ValueError, match=r"drain_timeout_s \(700\) is longer than request_timeout_s \(600\)"):
         cluster_spec(drain_timeout_s=700)
