@@ -109,10 +109,14 @@ def local_spec(path: Path, mode: str | None, nixl_port_base: int | None = None) 
 
 def cpus_needed(spec: ServingSpec) -> int:
     phases = PHASES if spec.mode == "disaggregated" else ("colocated",)
-    bundles = [b for phase in phases for b in spec.placement_bundles(phase)]
     # A colocated app's ingress asks for a sliver of CPU beside the engines' bundles.
     ingress = INGRESS_CPUS if spec.mode == "colocated" else 0
-    return max(2, int(sum(b["CPU"] for b in bundles) + ingress + 0.999))
+    return max(2, int(sum(phase_cpus(spec, phase) for phase in phases) + ingress + 0.999))
+
+
+def phase_cpus(spec: ServingSpec, phase: str) -> float:
+    """The Ray CPUs a phase's replicas reserve at most: every replica up to max_replicas gets its bundles."""
+    return sum(b["CPU"] for b in spec.placement_bundles(phase)) * spec.phase(phase).max_replicas
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -287,7 +291,7 @@ def _start_cluster(spec: ServingSpec, args: argparse.Namespace, resources: ExitS
         raise StartupFailure("--gcs-fault-tolerance and --ray-cluster serve this checkout (not --code-from-asset)")
     cluster = LocalCluster(
         resources={phase: {PHASE_RESOURCE[phase]: 1} for phase in PHASES},
-        cpus={phase: max(1, int(sum(b["CPU"] for b in spec.placement_bundles(phase)) + 0.999)) for phase in PHASES},
+        cpus={phase: max(1, int(phase_cpus(spec, phase) + 0.999)) for phase in PHASES},
         http_port=args.port,
         # The decode node exports on --metrics-port: the counters readiness and the tests read.
         metrics_ports={"head": free_port(), "prefill": free_port(), "decode": args.metrics_port},

@@ -153,3 +153,32 @@ def test_ttft_prompts_are_unique_and_of_the_asked_length():
 
     first, second = prompt_of(500), prompt_of(500)
     assert len(first) == len(second) == 500 and first[:32] != second[:32]
+
+
+def test_next_turn_counts_each_phases_tokens_per_request_from_counter_deltas():
+    from bench.next_turn import COUNTERS, Turns, report, summed
+
+    computed, cached, pulled = (COUNTERS[k] for k in ("computed", "own cache", "over NIXL"))
+    queries, hits = COUNTERS["cache queries"], COUNTERS["cache hits"]
+
+    def snapshot(prefill_computed, prefill_cached, decode_pulled, decode_cached):
+        return {
+            ("Prefill:m", computed[0], computed[1]): prefill_computed,
+            ("Prefill:m", cached[0], cached[1]): prefill_cached,
+            ("Prefill:m", queries[0], ""): prefill_computed + prefill_cached,
+            ("Prefill:m", hits[0], ""): prefill_cached,
+            ("Decode:m", pulled[0], pulled[1]): decode_pulled,
+            ("Decode:m", cached[0], cached[1]): decode_cached,
+        }
+
+    # Two next turns: one hit 1,408 tokens on prefill, one hit nothing; decode pulled 173 each time.
+    start, one, two = snapshot(0, 0, 0, 0), snapshot(173, 1408, 173, 1408), snapshot(1754, 1408, 346, 2816)
+    rows = summed([(start, one), (one, two)])
+    assert rows["Prefill"]["computed"] == (173 + 1581) / 2
+    assert rows["Prefill"]["own cache"] == 1408 / 2
+    assert rows["Decode"]["over NIXL"] == 173
+    turns = Turns([0.1, 0.1], [0.05, 0.07], [1500, 1500], [1581, 1581], {"next turn": rows})
+    table = report({"P/D": turns})
+    assert "| P/D | 100.0 | 60.0 | 0.60x |" in table
+    # Prefill's token hit rate: 1,408 of the 3,162 tokens it was asked about.
+    assert f"| {1408 / 3162:.0%} |" in table
