@@ -64,7 +64,7 @@ help:
 	@echo "make plan    [ENV=…|CONFIG=…] [CALIBRATION=…] [PLAN_ARGS=…]  memory fit, KV transfer cost, price,"
 	@echo "                                              colocated vs P/D for a workload (PLAN_ARGS='--prompt-tokens 4096 --concurrency 8 --json')"
 	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1] [API_KEY=…]   serve_app on this CPU at http://127.0.0.1:8000/v1"
-	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…]"
+	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|shared-context-rag|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
 	@echo "make verify  [ENV=…|CONFIG=…] [API_KEY=…]     check a live deployment (uses your kubeconfig)"
 	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workload",
         default="long-prompt",
-        help="preset in bench/workloads.yaml: chat, long-prompt, tiny (default: long-prompt)",
+        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, tiny (default: long-prompt)",
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at both URLs (default: tiny-llama)")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")

@@ -40,7 +40,15 @@ class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(description="Preset name.")
     description: str = Field(description="What traffic this stands for.")
-    input_len: int = Field(ge=1, description="Mean prompt length in tokens.")
+    input_len: int = Field(ge=1, description="Mean prompt length in tokens, after the shared prefix.")
+    prefix_len: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Tokens of one context every prompt of the run starts with (vLLM's --random-prefix-len): a system "
+            "prompt and documents that many questions share, which each engine's prefix cache can reuse."
+        ),
+    )
     output_len: int = Field(ge=1, description="Mean output length in tokens.")
     range_ratio: float = Field(ge=0, lt=1, description="Uniform spread of both lengths (±ratio).")
     num_prompts: int = Field(ge=1, description="Requests per concurrency level.")
@@ -89,6 +97,8 @@ def bench_args(
         str(workload.output_len),
         "--random-range-ratio",
         str(workload.range_ratio),
+        "--random-prefix-len",
+        str(workload.prefix_len),
         "--num-prompts",
         str(workload.num_prompts),
         "--max-concurrency",
@@ -253,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument(
-        "--workload", default="chat", help="preset in bench/workloads.yaml: chat, long-prompt, tiny (default: chat)"
+        "--workload",
+        default="chat",
+        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, tiny (default: chat)",
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at the URL")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")

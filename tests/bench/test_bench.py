@@ -63,6 +63,29 @@ def test_generator_arguments_parse_with_vllms_own_parser(tmp_path):
     assert parsed.random_input_len == 64
 
 
+@pytest.mark.serving
+def test_the_shared_context_preset_gives_every_prompt_of_vllms_random_dataset_one_prefix(tmp_path):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    workload = load_workloads()["shared-context-rag"]
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    parsed = parser.parse_args(
+        bench_args(
+            url="http://127.0.0.1:8000/v1",
+            model="tiny-llama",
+            tokenizer="/tmp/tok",
+            workload=workload,
+            concurrency=4,
+            out_dir=tmp_path,
+            label="x",
+        )
+    )
+    assert workload.prefix_len > workload.input_len
+    assert (parsed.random_prefix_len, parsed.random_input_len) == (workload.prefix_len, workload.input_len)
+
+
 def test_server_root_strips_the_api_prefix():
     assert server_root("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
     assert server_root("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
