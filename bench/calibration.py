@@ -3,7 +3,8 @@
 
 - ``ttft_probe``: per mode, each probe size's median TTFT (ms) of sequential, unique prompts,
   which is prefill and the fixed costs around it, with no queue;
-- ``rows``: per mode and concurrency, the workload's median TTFT, ITL and output tokens/s.
+- ``rows``: per mode and concurrency, the workload's TTFT, TPOT and ITL (mean, median, p90, p95, p99,
+  under `vllm bench serve`'s names: mean_ttft_ms, median_itl_ms, …) and output tokens/s.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ def write_calibration(
             {
                 "mode": r.label,
                 "concurrency": r.concurrency,
-                "ttft_ms_p50": r.latency_ms["p50_ttft"],
-                "itl_ms_p50": r.latency_ms["p50_itl"],
-                "tpot_ms_p50": r.latency_ms["p50_tpot"],
+                # `vllm bench serve`'s own names, which the advisor's --json uses too.
+                **r.latency_ms,
                 "output_tokens_per_s": r.output_throughput,
             }
             for r in rows

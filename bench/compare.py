@@ -21,7 +21,6 @@ from pathlib import Path
 from bench.calibration import write_calibration
 from bench.run import (
     LATENCY_METRICS,
-    PERCENTILES,
     Row,
     dated_dir,
     default_tokenizer,
@@ -32,6 +31,7 @@ from bench.run import (
     write_report,
 )
 from cmdline import ArgumentParser
+from planner.simulate import statistic_names
 
 LOCAL_SPEC = Path(__file__).resolve().parent.parent / "config" / "local.yaml"
 
@@ -44,9 +44,7 @@ def ratio(a: float, b: float) -> str:
 
 def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
     by_level = {r.concurrency: r for r in colocated_rows}
-    header = ["conc", "req/s", "out tok/s", "goodput"] + [
-        f"{m.upper()} p{p}" for m in LATENCY_METRICS for p in PERCENTILES
-    ]
+    header = ["conc", "req/s", "out tok/s", "goodput"] + [name for m in LATENCY_METRICS for name in statistic_names(m)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for pd in pd_rows:
         co = by_level.get(pd.concurrency)
@@ -59,7 +57,7 @@ def ratio_table(pd_rows: list[Row], colocated_rows: list[Row]) -> str:
             ratio(pd.goodput, co.goodput),
         ]
         cells += [
-            ratio(pd.latency_ms[f"p{p}_{m}"], co.latency_ms[f"p{p}_{m}"]) for m in LATENCY_METRICS for p in PERCENTILES
+            ratio(pd.latency_ms[name], co.latency_ms[name]) for m in LATENCY_METRICS for name in statistic_names(m)
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

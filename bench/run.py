@@ -22,12 +22,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from cmdline import ArgumentParser
+from planner.simulate import LATENCY_METRICS, REPORTED_PERCENTILES, statistic_names
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_FILE = Path(__file__).resolve().parent / "workloads.yaml"
 RESULTS_DIR = ROOT / "results"
-PERCENTILES = (50, 90, 99)
-LATENCY_METRICS = ("ttft", "tpot", "itl")
+# vLLM's result has each metric's mean and median besides these; the advisor (planner/simulate.py)
+# predicts the same statistics under the same names.
+PERCENTILES = REPORTED_PERCENTILES
 
 
 class Slo(BaseModel):
@@ -157,11 +159,11 @@ class Row:
     request_throughput: float
     output_throughput: float
     goodput: float
-    latency_ms: dict[str, float]  # e.g. "p99_ttft" -> ms
+    latency_ms: dict[str, float]  # vLLM's names: "mean_ttft_ms", "median_itl_ms", "p99_tpot_ms" -> ms
 
 
 def row_from_result(label: str, concurrency: int, result: dict) -> Row:
-    latency = {f"p{p}_{m}": float(result.get(f"p{p}_{m}_ms") or 0.0) for m in LATENCY_METRICS for p in PERCENTILES}
+    latency = {name: float(result.get(name) or 0.0) for m in LATENCY_METRICS for name in statistic_names(m)}
     return Row(
         label=label,
         concurrency=concurrency,
@@ -196,7 +198,7 @@ def run_workload(*, url: str, model: str, tokenizer: str, workload: Workload, ou
 
 def table(rows: list[Row]) -> str:
     header = ["endpoint", "conc", "ok", "fail", "req/s", "out tok/s", "goodput req/s"] + [
-        f"{m.upper()} p{p} ms" for m in LATENCY_METRICS for p in PERCENTILES
+        name for m in LATENCY_METRICS for name in statistic_names(m)
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
@@ -209,7 +211,7 @@ def table(rows: list[Row]) -> str:
             f"{r.output_throughput:.1f}",
             f"{r.goodput:.2f}",
         ]
-        cells += [f"{r.latency_ms[f'p{p}_{m}']:.1f}" for m in LATENCY_METRICS for p in PERCENTILES]
+        cells += [f"{r.latency_ms[name]:.1f}" for m in LATENCY_METRICS for name in statistic_names(m)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -225,8 +227,9 @@ def plot(rows: list[Row], path: Path, title: str) -> Path:
         mine = sorted((r for r in rows if r.label == label), key=lambda r: r.concurrency)
         xs = [r.concurrency for r in mine]
         for ax, metric in zip(axes, LATENCY_METRICS, strict=False):
-            for p, style in zip(PERCENTILES, (":", "--", "-"), strict=False):
-                ax.plot(xs, [r.latency_ms[f"p{p}_{metric}"] for r in mine], style, marker="o", label=f"{label} p{p}")
+            for statistic, style in (("median", ":"), ("mean", "--"), ("p99", "-")):
+                name = f"{statistic}_{metric}_ms"
+                ax.plot(xs, [r.latency_ms[name] for r in mine], style, marker="o", label=f"{label} {statistic}")
             ax.set_title(f"{metric.upper()} (ms)")
             ax.set_xlabel("concurrency")
     axes[0].legend(fontsize="small")

@@ -78,8 +78,8 @@ class Candidate:
             "decode_replicas": self.decode_replicas,
             "pd_min_prompt_tokens": self.min_prompt_tokens,
             "gpus": self.gpus,
-            **{f"ttft_ms_p{p}": round(o.ttft_ms.get(p, float("nan")), 1) for p in (50, 90, 99)},
-            **{f"itl_ms_p{p}": round(o.itl_ms.get(p, float("nan")), 2) for p in (50, 90, 99)},
+            # `vllm bench serve`'s names: mean_ttft_ms, median_ttft_ms, p90_ttft_ms, …, p99_itl_ms.
+            **{name: round(value, 2) for name, value in o.latency_ms.items()},
             "output_tokens_per_s": round(o.output_tokens_per_s, 1),
             "goodput_rps": round(o.goodput_rps, 4),
             "goodput_rps_per_gpu": round(self.goodput_per_gpu, 4),
@@ -264,8 +264,9 @@ def _reason(
             )
         )
     return (
-        f"{best.split} on {best.gpus} GPU(s): {why}. Predicted TTFT p50 {b.ttft_ms[50]:.0f} ms, "
-        f"ITL p50 {b.itl_ms[50]:.1f} ms, {b.output_tokens_per_s:.0f} output tokens/s."
+        f"{best.split} on {best.gpus} GPU(s): {why}. Predicted mean TTFT {b.latency_ms['mean_ttft_ms']:.0f} ms "
+        f"(median {b.latency_ms['median_ttft_ms']:.0f}), mean ITL {b.latency_ms['mean_itl_ms']:.1f} ms "
+        f"(median {b.latency_ms['median_itl_ms']:.1f}), {b.output_tokens_per_s:.0f} output tokens/s."
     )
 
 

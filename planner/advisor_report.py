@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from planner.advisor import Advice, Candidate
 from planner.report import _table
+from planner.simulate import LATENCY_METRICS, REPORTED_PERCENTILES, statistic_names
+
+nan = float("nan")
+
+
+def _ms(value: float) -> str:
+    # Whole milliseconds where they are large (TTFT), a decimal where they are not (ITL, TPOT).
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def _row(c: Candidate, marker: str = "") -> list[str]:
@@ -11,8 +19,10 @@ def _row(c: Candidate, marker: str = "") -> list[str]:
     return [
         f"{c.split}{marker}",
         str(c.gpus),
-        f"{o.ttft_ms[50]:,.0f} / {o.ttft_ms[90]:,.0f} / {o.ttft_ms[99]:,.0f}",
-        f"{o.itl_ms[50]:.1f} / {o.itl_ms[90]:.1f} / {o.itl_ms[99]:.1f}",
+        *(
+            " / ".join(_ms(o.latency_ms.get(name, nan)) for name in statistic_names(metric))
+            for metric in LATENCY_METRICS
+        ),
         f"{o.output_tokens_per_s:,.0f}",
         f"{o.goodput_rps:.3f}",
         f"{c.goodput_per_gpu:.3f}",
@@ -33,8 +43,10 @@ def render_advice(advice: Advice) -> str:
     headers = [
         "candidate",
         "GPUs",
-        "TTFT p50/p90/p99 ms",
-        "ITL p50/p90/p99 ms",
+        *(
+            f"{metric.upper()} ms mean/median/p{'/p'.join(map(str, REPORTED_PERCENTILES))}"
+            for metric in LATENCY_METRICS
+        ),
         "out tok/s",
         "goodput",
         "per GPU",

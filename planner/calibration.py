@@ -155,6 +155,12 @@ def _bisect(function, target: float, low: float, high: float, steps: int = 60) -
     return math.exp((lo + hi) / 2)
 
 
+def _median_itl_ms(row: dict[str, Any]) -> float | None:
+    """A row's median ITL under `vllm bench serve`'s name; results written before the rows took vLLM's
+    names call it itl_ms_p50."""
+    return row.get("median_itl_ms") or row.get("itl_ms_p50")
+
+
 def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: tuple[int, int] | None = None) -> Fit:
     probe = data.get("ttft_probe") or {}
     if not {"colocated", "disaggregated"} <= set(probe):
@@ -183,13 +189,15 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
 
     before = predict(cost, link)
     efficiency = cost.device.efficiency
-    single = [r for r in data.get("rows", []) if r.get("concurrency") == 1 and r.get("itl_ms_p50")]
+    single = [r for r in data.get("rows", []) if r.get("concurrency") == 1 and _median_itl_ms(r)]
     if single:
         row = min(single, key=lambda r: r["mode"] != "colocated")
+        itl_ms = _median_itl_ms(row)
+        assert itl_ms is not None
         context = data["workload"]["input_len"] + data["workload"]["output_len"] // 2
         bare = replace(cost.device, efficiency=replace(efficiency, step_overhead_s=0.0))
         moving = StepCost.of(cost.model, bare).step_seconds(1, context, 0, 0.0, 0, 0)
-        efficiency = replace(efficiency, step_overhead_s=max(row["itl_ms_p50"] / 1e3 - moving, 0.0))
+        efficiency = replace(efficiency, step_overhead_s=max(itl_ms / 1e3 - moving, 0.0))
 
     def with_efficiency(e: Efficiency) -> StepCost:
         return StepCost(cost.model, replace(cost.device, efficiency=e), cost.weight_bytes, cost.kv_bytes_per_token)

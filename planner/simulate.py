@@ -172,6 +172,27 @@ class Engine:
         return finished, handed_off
 
 
+# The statistics `vllm bench serve` reports for each latency, under its own names
+# (vllm/benchmarks/serve.py, process_one_metric: mean_ttft_ms, median_ttft_ms, p99_ttft_ms, …), so
+# that a prediction is held against a benchmark's JSON key by key.
+LATENCY_METRICS = ("ttft", "tpot", "itl")
+REPORTED_PERCENTILES = (90, 95, 99)
+
+
+def statistic_names(metric: str) -> list[str]:
+    return [f"mean_{metric}_ms", f"median_{metric}_ms"] + [f"p{p}_{metric}_ms" for p in REPORTED_PERCENTILES]
+
+
+def latency_statistics(metric: str, values: list[float], also: int | None = None) -> dict[str, float]:
+    """``also``: one more percentile (the SLOs'), where it is not among those reported anyway."""
+    tails = sorted({*REPORTED_PERCENTILES, *([also] if also and also != 50 else [])})
+    return {
+        f"mean_{metric}_ms": mean(values),
+        f"median_{metric}_ms": percentile(values, 50),
+        **{f"p{p}_{metric}_ms": percentile(values, p) for p in tails},
+    }
+
+
 @dataclass(frozen=True)
 class Outcome:
     ttft_ms: dict[int, float]
@@ -185,13 +206,19 @@ class Outcome:
     saturated: bool
     mean_decode_batch: float
     requests: int
+    # TTFT, TPOT and ITL as `vllm bench serve` names and computes them (LATENCY_METRICS).
+    latency_ms: dict[str, float] = field(default_factory=dict)
 
 
-def percentile(values: list[float], p: int) -> float:
+def percentile(values: list[float], p: float) -> float:
+    """numpy's default (linear between the closest ranks), which `vllm bench serve` uses."""
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+    rank = p / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def simulate(
@@ -317,6 +344,8 @@ def _outcome(
         return (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3 if len(r.token_times) > 1 else 0
 
     good = [r for r, ttft in zip(measured, ttfts, strict=True) if ttft <= slo.ttft_ms and tpot_ms(r) <= slo.itl_ms]
+    # vLLM's TPOT counts only requests with more than one output token.
+    tpots = [tpot_ms(r) for r in measured if len(r.token_times) > 1]
     # The SLO's own percentile too: the advisor reads it back for any percentile the schema allows.
     shown = sorted({50, 90, 99, slo.percentile})
     ttft = {p: percentile(ttfts, p) for p in shown}
@@ -336,6 +365,11 @@ def _outcome(
         saturated=saturated,
         mean_decode_batch=sum(e.decode_batch_total for e in decodes) / steps if steps else 0.0,
         requests=len(measured),
+        latency_ms={
+            **latency_statistics("ttft", ttfts, slo.percentile),
+            **latency_statistics("tpot", tpots, slo.percentile),
+            **latency_statistics("itl", gaps, slo.percentile),
+        },
     )
 
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from bench.compare import ratio_table
-from bench.run import bench_args, dated_dir, load_workloads, row_from_result, server_root, table
+from bench.run import PERCENTILES, bench_args, dated_dir, load_workloads, row_from_result, server_root, table
 
 
 def test_presets_include_long_prompt_chat_and_tiny():
@@ -34,7 +34,7 @@ def test_generator_arguments(tmp_path):
     assert pairs["--endpoint"] == "/v1/completions"
     assert pairs["--random-input-len"] == "4096" and pairs["--random-output-len"] == "256"
     assert pairs["--max-concurrency"] == "8"
-    assert pairs["--metric-percentiles"] == "50,90,99"
+    assert pairs["--metric-percentiles"] == "90,95,99"
     goodput = args.index("--goodput")
     assert args[goodput + 1 : goodput + 3] == ["ttft:3000.0", "tpot:100.0"]
     assert pairs["--result-filename"] == "disaggregated-long-prompt-c8.json"
@@ -99,17 +99,39 @@ def _row(label, concurrency, ttft, tput):
         "output_throughput": tput * 100,
         "request_goodput": tput / 2,
     }
+    # The keys `vllm bench serve` writes (vllm/benchmarks/serve.py, process_one_metric), with
+    # --metric-percentiles as bench_args passes them.
     for metric, base in (("ttft", ttft), ("tpot", 10.0), ("itl", 10.0)):
-        for p, factor in ((50, 1.0), (90, 1.5), (99, 2.0)):
-            result[f"p{p}_{metric}_ms"] = base * factor
+        result[f"mean_{metric}_ms"] = base * 1.1
+        result[f"median_{metric}_ms"] = base
+        result[f"std_{metric}_ms"] = base / 3
+        for p in PERCENTILES:
+            result[f"p{p}_{metric}_ms"] = base * (1 + p / 100)
     return row_from_result(label, concurrency, result)
 
 
-def test_rows_from_a_vllm_result():
+def test_rows_from_a_vllm_result_keep_its_means_medians_and_tails_under_its_names():
     row = _row("pd", 4, 100.0, 2.0)
-    assert row.latency_ms["p99_ttft"] == 200.0
+    assert row.latency_ms["mean_ttft_ms"] == pytest.approx(110.0)
+    assert row.latency_ms["median_itl_ms"] == 10.0
+    assert row.latency_ms["p95_tpot_ms"] == pytest.approx(19.5)
     assert row.goodput == 1.0
-    assert "| pd | 4 | 10 | 0 | 2.00 | 200.0 | 1.00 | 100.0 | 150.0 | 200.0 |" in table([row])
+    assert "| pd | 4 | 10 | 0 | 2.00 | 200.0 | 1.00 | 110.0 | 100.0 | 190.0 | 195.0 | 199.0 |" in table([row])
+    assert "| mean_ttft_ms | median_ttft_ms | p90_ttft_ms | p95_ttft_ms | p99_ttft_ms |" in table([row])
+
+
+def test_the_calibration_file_carries_the_rows_under_vllms_names_and_the_fit_reads_them(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.calibration import write_calibration
+    from planner.calibration import _median_itl_ms, load
+
+    row = _row("colocated", 1, 100.0, 2.0)
+    workload = SimpleNamespace(input_len=64, output_len=16)
+    write_calibration(tmp_path, model="m", workload=workload, rows=[row])
+    written = load(tmp_path)["rows"][0]
+    assert {k: written[k] for k in row.latency_ms} == row.latency_ms
+    assert _median_itl_ms(written) == row.latency_ms["median_itl_ms"]
 
 
 def test_ratio_table_divides_disaggregated_by_colocated():

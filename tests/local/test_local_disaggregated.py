@@ -356,7 +356,7 @@ def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
     rows = json.loads((out_dir / "rows.json").read_text())
     assert [r["concurrency"] for r in rows] == [1, 2]
     assert all(r["completed"] == 6 and r["failed"] == 0 for r in rows)
-    assert all(r["latency_ms"]["p99_ttft"] > 0 for r in rows)
+    assert all(r["latency_ms"]["p99_ttft_ms"] > 0 for r in rows)
     assert (out_dir / "tiny.png").stat().st_size > 10_000
     assert "| disaggregated | 1 |" in (out_dir / "report.md").read_text()
     bench_rows["disaggregated"] = rows

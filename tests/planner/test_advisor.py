@@ -217,7 +217,14 @@ def test_advice_compares_the_best_split_with_colocated_on_as_many_gpus():
     advice = advise(inputs(), Workload(4096, 256, 0.25, concurrency=8, requests=100), Slo(3000, 100))
     data = json.loads(json.dumps(advice.as_dict()))
     for mode in ("colocated", "disaggregated"):
-        for key in ("ttft_ms_p50", "itl_ms_p50", "output_tokens_per_s", "goodput_rps"):
+        for key in (
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "p99_itl_ms",
+            "mean_tpot_ms",
+            "output_tokens_per_s",
+            "goodput_rps",
+        ):
             assert data["modes"][mode][key] > 0, (mode, key)
     assert data["modes"]["colocated"]["gpus"] == data["modes"]["disaggregated"]["gpus"]
     splits = {c["split"] for c in data["candidates"]}
@@ -252,7 +259,7 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
     data = {
         "ttft_probe": probe,
         "workload": {"input_len": 512, "output_len": 16},
-        "rows": [{"mode": "colocated", "concurrency": 1, "itl_ms_p50": itl}],
+        "rows": [{"mode": "colocated", "concurrency": 1, "median_itl_ms": itl}],
     }
     result = fit(data, l4_cost(), 2048, g6_link(), fit_on=(20, 1500))
     assert result.efficiency.prefill_mfu == pytest.approx(0.31, rel=1e-3)
@@ -288,3 +295,38 @@ def test_the_reason_says_only_when_no_candidate_of_the_other_mode_meets_the_targ
     assert (
         "only disaggregated meets TTFT p99 ≤ 3000 ms and ITL p99 ≤ 100 ms: no colocated candidate does" in alone.reason
     )
+
+
+# The statistics a benchmark reports -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slo_percentile", [90, 97])
+def test_each_latency_has_vllm_bench_serves_statistics_under_its_names_computed_as_numpy_does(slo_percentile):
+    import random
+
+    import numpy as np
+
+    from planner.simulate import latency_statistics
+
+    rng = random.Random(slo_percentile)
+    values = [rng.lognormvariate(4, 1) for _ in range(37)]
+    stats = latency_statistics("itl", values, also=slo_percentile)
+    percentiles = sorted({90, 95, 99, slo_percentile})
+    assert list(stats) == ["mean_itl_ms", "median_itl_ms", *(f"p{p}_itl_ms" for p in percentiles)]
+    assert stats["mean_itl_ms"] == pytest.approx(np.mean(values))
+    assert stats["median_itl_ms"] == pytest.approx(np.median(values))
+    for p in percentiles:
+        assert stats[f"p{p}_itl_ms"] == pytest.approx(np.percentile(values, p))
+
+
+def test_a_simulated_run_reports_ttft_tpot_and_itl_as_a_benchmark_of_it_would():
+    workload, slo = Workload(1500, 32, 0.25, concurrency=4, requests=40), Slo(10_000, 1_000)
+    outcome = simulate(workload, slo, colocated=(engine(), 1))
+    stats = outcome.latency_ms
+    for metric in ("ttft", "tpot", "itl"):
+        mean_, median, p90, p95, p99 = (stats[f"{s}_{metric}_ms"] for s in ("mean", "median", "p90", "p95", "p99"))
+        assert 0 < median <= p90 <= p95 <= p99, metric
+    assert stats["mean_ttft_ms"] == pytest.approx(outcome.ttft_mean_ms)
+    assert stats["p99_ttft_ms"] == pytest.approx(outcome.ttft_ms[99])
+    # TPOT averages each request's gaps; the ITL pools every gap: their means differ only in weighting.
+    assert stats["mean_tpot_ms"] == pytest.approx(stats["mean_itl_ms"], rel=0.2)
