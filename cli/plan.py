@@ -21,6 +21,7 @@ from config.loader import ConfigError, load_config
 from planner import PlanningError, render_text
 from planner.advisor import advise, with_calibration
 from planner.advisor_report import render_advice
+from planner.band import verdict_band
 from planner.from_config import advisor_inputs, plan_config
 from planner.simulate import Slo, Workload
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             fit = calibrate_file(args.calibration, inputs)
             inputs = with_calibration(inputs, fit.efficiency, fit.link)
         advice = advise(inputs, workload, slo)
+        band = verdict_band(inputs, advice)
     except ConfigError as exc:
         print(f"Config error:\n{exc}", file=sys.stderr)
         return 2
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.json:
         data = advice.as_dict()
+        data["recommendation"]["band"] = band.as_dict()
         if fit is not None:
             data["calibration"] = fit.as_dict()
         print(json.dumps(data, indent=2))
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render_text(report))
     if fit is not None:
         print(fit.render())
-    print(render_advice(advice))
+    print(render_advice(advice), end="")
+    print(f"How sure: {band.sentence()}")
     return 0 if report.ok else 1
 
 

@@ -330,3 +330,31 @@ def test_a_simulated_run_reports_ttft_tpot_and_itl_as_a_benchmark_of_it_would():
     assert stats["p99_ttft_ms"] == pytest.approx(outcome.ttft_ms[99])
     # TPOT averages each request's gaps; the ITL pools every gap: their means differ only in weighting.
     assert stats["mean_tpot_ms"] == pytest.approx(stats["mean_itl_ms"], rel=0.2)
+
+
+# How sure a recommendation is -----------------------------------------------------------------------
+
+
+def test_the_band_ends_where_the_advisor_itself_changes_its_verdict():
+    from planner.band import verdict_band
+
+    one_node_each = inputs(prefill_max_nodes=1, decode_max_nodes=1)
+    workload, slo = Workload(4096, 256, 0.25, concurrency=8, requests=80), Slo(3000, 100, 99)
+    advice = advise(one_node_each, workload, slo)
+    band = verdict_band(one_node_each, advice)
+    assert band.mode == advice.recommended.mode == "disaggregated"
+    assert band.low <= band.assumed_mfu <= band.high
+    # A slower prefill makes P/D's prefill node the bottleneck: the band is bounded below, and the
+    # whole advisor, run afresh at the MFU just under the band, recommends colocated there.
+    assert band.bounded_below
+    below = max(m for m, _ in band.tried if m < band.low)
+    assumed = EFFICIENCY["Ada"]
+
+    def recommended_at(mfu: float) -> str:
+        at = replace(one_node_each, efficiency=replace(assumed, prefill_mfu=mfu))
+        return advise(at, workload, slo).recommended.mode
+
+    assert recommended_at(band.low) == "disaggregated"
+    assert recommended_at(below) == "colocated"
+    assert f"P/D wins while prefill runs at {band.low:.0%} to {band.high:.0%} of peak" in band.sentence()
+    assert f"colocated wins at {below:.0%} or below" in band.sentence()

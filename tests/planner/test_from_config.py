@@ -122,6 +122,13 @@ def test_make_plan_json_compares_the_modes_for_the_workload_given(capsys):
             assert data["modes"][mode][key] > 0
     # dev's groups allow 2 nodes each: 1P1D to 2P2D, and 1 to 4 colocated replicas.
     assert len(data["candidates"]) >= 4 + 4
+    # The recommendation says over which prefill MFU it holds, and its mode wins at the assumed one.
+    band = data["recommendation"]["band"]
+    low, high = band["verdict_holds_for_prefill_mfu"]
+    assert low <= band["assumed_prefill_mfu"] <= high
+    at_assumed = next(t for t in band["tried"] if t["prefill_mfu"] == band["assumed_prefill_mfu"])
+    assert at_assumed["winner"] == data["recommendation"]["mode"]
+    assert "make bench-compare" in band["summary"]
 
 
 def test_make_plan_takes_a_rate_instead_of_a_concurrency(capsys):
@@ -131,6 +138,7 @@ def test_make_plan_takes_a_rate_instead_of_a_concurrency(capsys):
     assert main([str(CONFIG_DIR / "dev.yaml"), "--prompt-tokens", "512", "--output-tokens", "64", "--rate", "2"]) == 0
     out = capsys.readouterr().out
     assert "at 2 requests/s (Poisson)" in out and "Recommendation: serving.mode:" in out
+    assert "How sure: " in out and "of peak (assumed 60%)" in out
 
 
 def test_synth_warns_when_colocated_serves_the_workload_at_least_as_well():
