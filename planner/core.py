@@ -16,7 +16,7 @@ from config.catalog import INSTANCES, InstanceFacts
 from config.schema import PlannerSettings
 from planner.errors import PlanningError, field_name
 from planner.models import ModelArchitecture, load_architecture
-from planner.performance import EFFICIENCY, family
+from planner.performance import efficiency_of
 from serve_app.spec import PHASES
 
 GIB = 2**30
@@ -148,7 +148,7 @@ def prefill_mfu(facts: InstanceFacts, settings: PlannerSettings) -> float:
         return settings.prefill_mfu
     if facts.gpu_facts is None:
         raise PlanningError(f"{facts.instance_type} has no GPU to prefill on")
-    return EFFICIENCY[family(facts.gpu_facts)].prefill_mfu
+    return efficiency_of(facts.gpu_facts).prefill_mfu
 
 
 def prefill_seconds(model: ModelArchitecture, tokens: int, facts: InstanceFacts, tp: int, mfu: float) -> float:

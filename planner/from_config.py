@@ -10,7 +10,7 @@ from planner.advisor import AdvisorInputs, colocated_serves_better, deployed_aga
 from planner.core import PHASES, PhasePlanInputs, PlanInputs, PlanReport, plan
 from planner.errors import PlanningError
 from planner.models import dtype_bytes
-from planner.performance import EFFICIENCY, family
+from planner.performance import efficiency_of
 from planner.scaling import scaling_plan
 from planner.simulate import Slo, Workload
 
@@ -93,7 +93,7 @@ def advisor_inputs(config: AppConfig, report: PlanReport) -> AdvisorInputs:
     large = gpu is not None and gpu.memory_gib >= 70
     efficiency = None
     if config.planner.prefill_mfu is not None and gpu is not None:
-        efficiency = replace(EFFICIENCY[family(gpu)], prefill_mfu=config.planner.prefill_mfu)
+        efficiency = replace(efficiency_of(gpu), prefill_mfu=config.planner.prefill_mfu)
     return AdvisorInputs(
         model=report.model,
         prefill_instance=groups.prefill.instance_type,

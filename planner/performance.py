@@ -51,14 +51,24 @@ HOST_STAGING_BYTES_PER_S = 20e9
 TRANSFER_FIXED_S = 0.004
 
 
-def family(gpu: GpuFacts) -> str:
-    try:
-        return GPU_FAMILY[gpu.model]
-    except KeyError:
-        raise PlanningError(
-            f"the advisor has no efficiencies for the {gpu.model} GPU; known: {', '.join(sorted(GPU_FAMILY))} "
-            "(add it to planner/performance.py GPU_FAMILY with a source)"
-        ) from None
+def efficiency_of(gpu: GpuFacts) -> Efficiency:
+    """The GPU family's efficiencies; for a GPU no family here covers, the least any family reaches
+    (the lowest shares, the highest fixed costs), said to be assumed, with the run that measures it."""
+    known = GPU_FAMILY.get(gpu.model)
+    if known is not None:
+        return EFFICIENCY[known]
+    families = [e for name, e in EFFICIENCY.items() if name in GPU_FAMILY.values()]
+    return Efficiency(
+        prefill_mfu=min(e.prefill_mfu for e in families),
+        decode_bandwidth=min(e.decode_bandwidth for e in families),
+        step_overhead_s=max(e.step_overhead_s for e in families),
+        request_overhead_s=max(e.request_overhead_s for e in families),
+        source=(
+            f"assumed: nothing measured on the {gpu.model} GPU, so the least any GPU family here reaches; "
+            "`make bench-compare` on one node of each group, then `make plan CALIBRATION=results/<date>`, "
+            "measures it (or add the GPU to planner/performance.py GPU_FAMILY with a source)"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class Device:
             peak_flops=gpu.peak_bf16_tflops * 1e12,
             memory_bytes_per_s=gpu.memory_bandwidth_gbps * 1e9,
             tp=tp,
-            efficiency=efficiency or EFFICIENCY[family(gpu)],
+            efficiency=efficiency or efficiency_of(gpu),
         )
 
     def with_efficiency(self, efficiency: Efficiency) -> Device:

@@ -59,13 +59,26 @@ def test_without_gpudirect_the_kv_cache_is_copied_through_host_memory_on_both_si
     assert link.seconds(kv) == pytest.approx(0.004 + kv / (25e9 / 8 * 0.7) + 2 * kv / 20e9)
 
 
-def test_a_gpu_without_efficiencies_is_refused_by_name():
-    from planner.performance import family
+def test_a_gpu_no_family_covers_is_still_advised_on_with_the_least_any_family_reaches_said_to_be_assumed(
+    monkeypatch,
+):
+    from config import catalog
+    from planner.performance import GPU_FAMILY, efficiency_of
 
     h100 = INSTANCES["p5.48xlarge"].gpu_facts
-    assert family(h100) == "Hopper"
-    with pytest.raises(PlanningError, match="no efficiencies for the B200 GPU; known: .*GPU_FAMILY"):
-        family(replace(h100, model="B200"))
+    assert efficiency_of(h100) == EFFICIENCY[GPU_FAMILY["H100"]]
+    assumed = efficiency_of(replace(h100, model="B200"))
+    families = [EFFICIENCY[f] for f in set(GPU_FAMILY.values())]
+    assert assumed.prefill_mfu == min(e.prefill_mfu for e in families)
+    assert assumed.decode_bandwidth == min(e.decode_bandwidth for e in families)
+    assert assumed.step_overhead_s == max(e.step_overhead_s for e in families)
+    assert "assumed: nothing measured on the B200 GPU" in assumed.source
+    assert "`make bench-compare` on one node of each group" in assumed.source
+    # A catalog entry with a GPU no family covers: the engine is built on the assumed figures.
+    monkeypatch.setitem(catalog.GPUS, "B200", replace(h100, model="B200"))
+    device = Device.of(replace(INSTANCES["p5.48xlarge"], gpu="B200"), 1)
+    assert device.efficiency == assumed
+    assert single_request_ttft(StepCost.of(QWEN, device), 4096, 2048, "colocated", None) > 0
 
 
 # The simulation ------------------------------------------------------------------------------------
