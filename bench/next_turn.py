@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.args import ArgumentParser
+from cmdline import ArgumentParser
 
 FILLER = "the quick brown fox jumps over the lazy dog and keeps running through the long grass "
 NEW_MESSAGE = "\nUser: and what follows from that for the next step? "
