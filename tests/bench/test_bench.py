@@ -40,24 +40,29 @@ def test_generator_arguments(tmp_path):
     assert pairs["--result-filename"] == "disaggregated-long-prompt-c8.json"
 
 
-@pytest.mark.serving
-def test_generator_arguments_parse_with_vllms_own_parser(tmp_path):
+def _parsed_by_vllm(workload, concurrency: int, out_dir):
+    """The arguments make bench gives `vllm bench serve`, read by vLLM's own parser."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    parsed = parser.parse_args(
+    return parser.parse_args(
         bench_args(
             url="http://127.0.0.1:8000/v1",
             model="tiny-llama",
             tokenizer="/tmp/tok",
-            workload=load_workloads()["tiny"],
-            concurrency=2,
-            out_dir=tmp_path,
+            workload=workload,
+            concurrency=concurrency,
+            out_dir=out_dir,
             label="x",
         )
     )
+
+
+@pytest.mark.serving
+def test_generator_arguments_parse_with_vllms_own_parser(tmp_path):
+    parsed = _parsed_by_vllm(load_workloads()["tiny"], 2, tmp_path)
     assert parsed.max_concurrency == 2
     assert parsed.dataset_name == "random"
     assert parsed.random_input_len == 64
@@ -65,23 +70,8 @@ def test_generator_arguments_parse_with_vllms_own_parser(tmp_path):
 
 @pytest.mark.serving
 def test_the_shared_context_preset_gives_every_prompt_of_vllms_random_dataset_one_prefix(tmp_path):
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     workload = load_workloads()["shared-context-rag"]
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    parsed = parser.parse_args(
-        bench_args(
-            url="http://127.0.0.1:8000/v1",
-            model="tiny-llama",
-            tokenizer="/tmp/tok",
-            workload=workload,
-            concurrency=4,
-            out_dir=tmp_path,
-            label="x",
-        )
-    )
+    parsed = _parsed_by_vllm(workload, 4, tmp_path)
     assert workload.prefix_len > workload.input_len
     assert (parsed.random_prefix_len, parsed.random_input_len) == (workload.prefix_len, workload.input_len)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.planner.test_advisor import ADVICE_FIGURES
+
 
 def _config_with(**serving_changes):
     import yaml
@@ -111,14 +113,7 @@ def test_make_plan_json_compares_the_modes_for_the_workload_given(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["workload"] == {"prompt_tokens": 4096, "output_tokens": 256, "range_ratio": 0.25, "concurrency": 8}
     for mode in ("colocated", "disaggregated"):
-        for key in (
-            "mean_ttft_ms",
-            "median_ttft_ms",
-            "p99_itl_ms",
-            "mean_tpot_ms",
-            "output_tokens_per_s",
-            "goodput_rps",
-        ):
+        for key in ADVICE_FIGURES:
             assert data["modes"][mode][key] > 0
     # dev's groups allow 2 nodes each: 1P1D to 2P2D, and 1 to 4 colocated replicas.
     assert len(data["candidates"]) >= 4 + 4
