@@ -1,7 +1,7 @@
 """How sure a recommendation is: the range of prefill MFU over which its verdict holds.
 
-The advisor's verdict rests on efficiencies that are assumed per GPU family until `make bench`
-measures them (planner/performance.py EFFICIENCY). Here the two candidates the advice puts side by
+The advisor's verdict rests on a prefill MFU per GPU family that no published measurement fixes
+(planner/measurements.py: it stays assumed) until `make bench` measures it. Here the two candidates the advice puts side by
 side (the best P/D split and colocated replicas on as many GPUs) are simulated again with the
 prefill MFU scaled over ``MFU_FACTORS`` of the assumed figure, and the verdict is judged as the
 advisor judges it (planner/advisor.py ``_best``). The band is the run of scaled figures, around the

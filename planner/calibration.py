@@ -30,7 +30,7 @@ from typing import Any
 
 from cmdline import ArgumentParser
 from planner.errors import PlanningError
-from planner.performance import EFFICIENCY, Device, Efficiency, Link, StepCost
+from planner.performance import ASSUMED_EFFICIENCY, Device, Efficiency, Link, StepCost
 
 FILE_NAME = "calibration.json"
 # Where a fitted bandwidth comes out at or below zero (a gap that does not grow), the wire is free.
@@ -259,7 +259,7 @@ def local_cost() -> tuple[StepCost, int]:
     if not (model_dir / "config.json").is_file():
         raise PlanningError(f"{model_dir} has no config.json: run `make local` once to generate the tiny model")
     model = load_architecture(spec.model.model_id, model_dir)
-    device = Device("this CPU (nominal)", tp=1, efficiency=EFFICIENCY["CPU"], **LOCAL_CPU)
+    device = Device("this CPU (nominal)", tp=1, efficiency=ASSUMED_EFFICIENCY["CPU"], **LOCAL_CPU)
     dtype_bytes = 4 if spec.dtype == "float32" else 2
     budget = int(spec.decode.engine_kwargs.get("max_num_batched_tokens", 4096))
     return StepCost.of(model, device, dtype_bytes), budget

@@ -143,7 +143,7 @@ def prefill_flops(model: ModelArchitecture, tokens: int) -> float:
 
 
 def prefill_mfu(facts: InstanceFacts, settings: PlannerSettings) -> float:
-    """The configured MFU, else the GPU family's (planner/performance.py EFFICIENCY)."""
+    """The configured MFU, else the GPU family's (planner/performance.py efficiency_of)."""
     if settings.prefill_mfu is not None:
         return settings.prefill_mfu
     if facts.gpu_facts is None:

@@ -30,19 +30,29 @@ class Efficiency:
     source: str
 
 
-# Sources (docs/planner.md has the citations): decode bandwidth on L4 from a batch-1 measurement
-# of Qwen2.5-7B at 2k context, 81% of peak (arXiv 2605.30571); prefill MFU of Ada from L40S serving
-# data (0.55-0.65); Hopper's prefill from Dynamo's profile of Llama-3.1-8B on H200 (40k tokens/s
-# at 3k prompts, about 0.34 of FP8 peak, so higher at BF16's lower peak). The per-step and
-# per-request costs are vLLM's scheduler and Ray Serve's hops, a few milliseconds each: estimates,
-# which is what calibration is for.
-EFFICIENCY: dict[str, Efficiency] = {
-    "Ada": Efficiency(0.60, 0.80, 0.004, 0.008, "L40S serving data; arXiv 2605.30571 (L4 decode)"),
-    "Ampere": Efficiency(0.55, 0.75, 0.004, 0.008, "estimate between Ada and Hopper; calibrate"),
-    "Hopper": Efficiency(0.45, 0.60, 0.003, 0.008, "Dynamo's H200 prefill profile; arXiv 2605.30571"),
+# The figures assumed before anything measured them, and still where nothing does: the prior of the
+# fit to published measurements (planner/measurements.py), and the figures of a family it has no
+# measurement for. Sources: decode bandwidth on L4 from a batch-1 measurement of Qwen2.5-7B at 2k
+# context, 81% of peak (arXiv 2605.30571); prefill MFU of Ada from L40S serving data (0.55-0.65);
+# Hopper's prefill from Dynamo's profile of Llama-3.1-8B on H200 (40k tokens/s at 3k prompts, about
+# 0.34 of FP8 peak, so higher at BF16's lower peak). The per-step and per-request costs are vLLM's
+# scheduler and Ray Serve's hops, a few milliseconds each: estimates, which is what calibration is for.
+ASSUMED_EFFICIENCY: dict[str, Efficiency] = {
+    "Ada": Efficiency(0.60, 0.80, 0.004, 0.008, "assumed: L40S serving data; arXiv 2605.30571 (L4 decode)"),
+    "Ampere": Efficiency(0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate"),
+    "Ampere GA102": Efficiency(0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate"),
+    "Hopper": Efficiency(0.45, 0.60, 0.003, 0.008, "assumed: Dynamo's H200 prefill profile; arXiv 2605.30571"),
     "CPU": Efficiency(0.05, 0.30, 0.010, 0.030, "nominal; a CPU run is only meaningful calibrated"),
 }
-GPU_FAMILY: dict[str, str] = {"L4": "Ada", "L40S": "Ada", "A10G": "Ampere", "A100-40GB": "Ampere", "H100": "Hopper"}
+# A family shares a memory system as well as an architecture, since the bandwidth share a decode step
+# reaches is the memory's: the A10G (GA102, GDDR6) is not fitted with the A100 (GA100, HBM2e).
+GPU_FAMILY: dict[str, str] = {
+    "L4": "Ada",
+    "L40S": "Ada",
+    "A10G": "Ampere GA102",
+    "A100-40GB": "Ampere",
+    "H100": "Hopper",
+}
 
 # PCIe 4.0 x16 as a host copy reaches it (of 32 GB/s raw): where there is no GPUDirect RDMA, NIXL
 # stages KV through host memory, one copy on each side.
@@ -52,12 +62,18 @@ TRANSFER_FIXED_S = 0.004
 
 
 def efficiency_of(gpu: GpuFacts) -> Efficiency:
-    """The GPU family's efficiencies; for a GPU no family here covers, the least any family reaches
-    (the lowest shares, the highest fixed costs), said to be assumed, with the run that measures it."""
+    """The GPU family's efficiencies (fitted to published measurements where there are any); for a GPU
+    no family here covers, the least any family reaches (the lowest shares, the highest fixed costs),
+    said to be assumed, with the run that measures it."""
+    # The fit lives with its data and predicts with this module's step model, so it is imported
+    # when first asked for rather than when this module loads.
+    from planner.measurements import family_efficiencies
+
+    table = family_efficiencies()
     known = GPU_FAMILY.get(gpu.model)
     if known is not None:
-        return EFFICIENCY[known]
-    families = [e for name, e in EFFICIENCY.items() if name in GPU_FAMILY.values()]
+        return table[known]
+    families = [e for name, e in table.items() if name in GPU_FAMILY.values()]
     return Efficiency(
         prefill_mfu=min(e.prefill_mfu for e in families),
         decode_bandwidth=min(e.decode_bandwidth for e in families),
@@ -66,7 +82,8 @@ def efficiency_of(gpu: GpuFacts) -> Efficiency:
         source=(
             f"assumed: nothing measured on the {gpu.model} GPU, so the least any GPU family here reaches; "
             "`make bench-compare` on one node of each group, then `make plan CALIBRATION=results/<date>`, "
-            "measures it (or add the GPU to planner/performance.py GPU_FAMILY with a source)"
+            "measures it (or add the GPU to planner/performance.py GPU_FAMILY and its runs to "
+            "planner/measurements.py)"
         ),
     )
 
@@ -136,15 +153,16 @@ class StepCost:
 
     def step_seconds(
         self,
-        decode_tokens: int,
-        decode_context: int,
-        prefill_tokens: int,
+        decode_tokens: float,
+        decode_context: float,
+        prefill_tokens: float,
         prefill_attention: float,
-        prefill_context: int,
-        prefill_sequences: int,
+        prefill_context: float,
+        prefill_sequences: float,
     ) -> float:
         """:meth:`seconds` from the sums a simulation keeps: decode sequences and their total context;
-        prompt tokens in the step, Σ tokens × (offset + tokens/2) for attention, Σ offsets, chunks."""
+        prompt tokens in the step, Σ tokens × (offset + tokens/2) for attention, Σ offsets, chunks
+        (means over many steps may be fractional)."""
         compute = (
             self._per_token_s * (decode_tokens + prefill_tokens)  # type: ignore[attr-defined]
             + self._attention_s * (decode_context + prefill_attention)  # type: ignore[attr-defined]

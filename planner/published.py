@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cmdline import ArgumentParser
+from planner.measurements import family_efficiencies
 from planner.models import ModelArchitecture
-from planner.performance import EFFICIENCY, Device, Link, StepCost
+from planner.performance import Device, Link, StepCost
 from planner.simulate import EngineSpec, Outcome, Slo, Workload, simulate
 
 QWEN_7B = ModelArchitecture("Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 7_615_616_512, 152_064)
@@ -56,7 +57,7 @@ def _change(pd: float, aggregated: float) -> float:
 
 
 def _mooncake(input_len: int, rate: float, tp: int, prompts: int, seed: int) -> dict[str, float]:
-    device = Device("A10", tp=tp, efficiency=EFFICIENCY["Ampere"], **A10)
+    device = Device("A10", tp=tp, efficiency=family_efficiencies()["Ampere GA102"], **A10)
     cost = StepCost(QWEN_7B, device, int4_weights(QWEN_7B), QWEN_7B.kv_bytes_per_token(2))
     spec = EngineSpec(cost, 1_000_000, 256, 2048, mixed_batches=False)
     workload = Workload(input_len, 512, rate=rate, requests=prompts, seed=seed)
@@ -103,7 +104,7 @@ def _highest_rate(
 
 
 def _distserve_blog(seed: int) -> dict[str, float]:
-    device = Device("A100-80GB", tp=1, efficiency=EFFICIENCY["Ampere"], **A100_80GB)
+    device = Device("A100-80GB", tp=1, efficiency=family_efficiencies()["Ampere"], **A100_80GB)
     cost = StepCost.of(OPT_13B, device)
     # 80 GB at 0.9 less 26 GB of weights, in 819,200-byte tokens (MHA: 40 KV heads).
     spec = EngineSpec(cost, 60_000, 256, 8192, mixed_batches=False)

@@ -12,8 +12,9 @@ from config.catalog import INSTANCES
 from planner.advisor import AdvisorInputs, advise, recommended_threshold
 from planner.calibration import fit, single_request_ttft
 from planner.errors import PlanningError
+from planner.measurements import family_efficiencies
 from planner.models import KNOWN_MODELS
-from planner.performance import EFFICIENCY, Device, Link, StepCost
+from planner.performance import Device, Link, StepCost
 from planner.simulate import Engine, EngineSpec, Request, Slo, Workload, simulate
 
 QWEN = KNOWN_MODELS["qwen/qwen2.5-7b-instruct"]
@@ -66,9 +67,10 @@ def test_a_gpu_no_family_covers_is_still_advised_on_with_the_least_any_family_re
     from planner.performance import GPU_FAMILY, efficiency_of
 
     h100 = INSTANCES["p5.48xlarge"].gpu_facts
-    assert efficiency_of(h100) == EFFICIENCY[GPU_FAMILY["H100"]]
+    table = family_efficiencies()
+    assert efficiency_of(h100) == table[GPU_FAMILY["H100"]]
     assumed = efficiency_of(replace(h100, model="B200"))
-    families = [EFFICIENCY[f] for f in set(GPU_FAMILY.values())]
+    families = [table[f] for f in set(GPU_FAMILY.values())]
     assert assumed.prefill_mfu == min(e.prefill_mfu for e in families)
     assert assumed.decode_bandwidth == min(e.decode_bandwidth for e in families)
     assert assumed.step_overhead_s == max(e.step_overhead_s for e in families)
@@ -257,7 +259,11 @@ def test_an_instance_the_catalog_lacks_is_refused_by_name():
 def test_calibration_recovers_the_costs_that_made_the_measurements():
     truth = StepCost.of(
         QWEN,
-        Device.of(G6, 1, replace(EFFICIENCY["Ada"], prefill_mfu=0.31, request_overhead_s=0.021, step_overhead_s=0.006)),
+        Device.of(
+            G6,
+            1,
+            replace(family_efficiencies()["Ada"], prefill_mfu=0.31, request_overhead_s=0.021, step_overhead_s=0.006),
+        ),
     )
     true_link = Link(1.3e9, None, 0.009)
     sizes = (20, 500, 1500)
@@ -358,7 +364,7 @@ def test_the_band_ends_where_the_advisor_itself_changes_its_verdict():
     # whole advisor, run afresh at the MFU just under the band, recommends colocated there.
     assert band.bounded_below
     below = max(m for m, _ in band.tried if m < band.low)
-    assumed = EFFICIENCY["Ada"]
+    assumed = family_efficiencies()["Ada"]
 
     def recommended_at(mfu: float) -> str:
         at = replace(one_node_each, efficiency=replace(assumed, prefill_mfu=mfu))
