@@ -468,7 +468,7 @@ def determined(measurements: list[Measurement], efficiency: Efficiency) -> dict[
 # 10 % (they span vLLM from 2024's main to 0.21-0.23, whose per-step costs differ by more than a
 # millisecond, a sixth of an H100's decode step), and a held-out run is another version or another
 # GPU of the family: twice the fitted runs' own spread is what a family-wide figure can promise. The
-# assumed figures missed the same held-out runs by 27 to 68 %.
+# assumed figures missed the same held-out runs by 32 to 68 %.
 HELD_OUT_BOUND = 0.20
 
 # A figure whose uncertainty the measurements leave at this share or more is not measured by them:
