@@ -2,12 +2,16 @@
 advisor's comparison of colocated and P/D serving for one workload.
 
     python -m cli.plan config/dev.yaml [--prompt-tokens 4096 --output-tokens 256 --concurrency 8 | --rate 2]
-                                       [--ttft-slo-ms 3000 --itl-slo-ms 100] [--calibration BENCH.json] [--json]
+                                       [--ttft-slo-ms 3000 --itl-slo-ms 100] [--prefix-hit-share 0.8]
+                                       [--calibration BENCH.json] [--json]
 
 The workload defaults to the config's planner section (typical_prompt_tokens, typical_output_tokens,
 typical_concurrency, ttft_slo_ms, itl_slo_ms). ``--calibration`` takes the figures `make bench`
 wrote (bench/calibration.json in its results folder) and fits the model's efficiencies and fixed
-costs to them first (planner/calibration.py).
+costs to them first (planner/calibration.py). ``--prefix-hit-share`` is the share of each prompt the
+prefix cache serves (a conversation's history, a shared context): prefill computes only the rest and
+only the rest crosses to decode; the report says at which share, if any, the verdict flips
+(planner/reuse.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from planner.advisor import advise, with_calibration
 from planner.advisor_report import render_advice
 from planner.band import verdict_band
 from planner.from_config import advisor_inputs, plan_config
+from planner.reuse import reuse_verdicts
 from planner.simulate import Slo, Workload
 
 
@@ -37,6 +42,19 @@ def positive_float(value: str) -> float:
     number = float(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not above 0")
+    return number
+
+
+def share(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a share from 0 to 1: give the fraction of each prompt served from the prefix cache, "
+            "e.g. 0.8 for 80%"
+        )
     return number
 
 
@@ -65,6 +83,12 @@ def parser() -> ArgumentParser:
     p.add_argument("--ttft-slo-ms", type=positive_float, help="TTFT target (default: planner.ttft_slo_ms)")
     p.add_argument("--itl-slo-ms", type=positive_float, help="inter-token latency target (default: planner.itl_slo_ms)")
     p.add_argument("--slo-percentile", type=positive_int, help="percentile that must meet the targets (default 90)")
+    p.add_argument(
+        "--prefix-hit-share",
+        type=share,
+        default=0.0,
+        help="share of each prompt served from the prefix cache on prefill and already held by decode (default 0)",
+    )
     p.add_argument("--requests", type=positive_int, default=None, help="simulated requests (default: by the load)")
     p.add_argument("--calibration", default=None, help="bench results to calibrate the model with (calibration.json)")
     p.add_argument("--json", action="store_true", help="print the advisor's comparison as JSON, nothing else")
@@ -86,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=concurrency,
             rate=args.rate,
             requests=requests,
+            prefix_hit_share=args.prefix_hit_share,
         )
         slo = Slo(
             ttft_ms=args.ttft_slo_ms or settings.ttft_slo_ms,
@@ -101,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs = with_calibration(inputs, fit.efficiency, fit.link)
         advice = advise(inputs, workload, slo)
         band = verdict_band(inputs, advice)
+        reuse = reuse_verdicts(inputs, advice)
     except ConfigError as exc:
         print(f"Config error:\n{exc}", file=sys.stderr)
         return 2
@@ -110,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         data = advice.as_dict()
         data["recommendation"]["band"] = band.as_dict()
+        data["prefix_hits"] = reuse.as_dict()
         if fit is not None:
             data["calibration"] = fit.as_dict()
         print(json.dumps(data, indent=2))
@@ -119,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         print(fit.render())
     print(render_advice(advice), end="")
     print(f"How sure: {band.sentence()}")
+    print(reuse.verdict_sentence())
+    if reuse.share:
+        print(reuse.saving_sentence())
     return 0 if report.ok else 1
 
 

@@ -20,6 +20,9 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 PROMPT_TOKENS_BY_SOURCE = "ray_vllm_prompt_tokens_by_source_total"
 EXTERNAL_PREFIX_HITS = "ray_vllm_external_prefix_cache_hits_total"
 NIXL_TRANSFERS = "ray_vllm_nixl_xfer_time_seconds_count"
+# Prompt tokens an engine looked up in its own prefix cache, and those it found (whole blocks).
+PREFIX_CACHE_QUERIES = "ray_vllm_prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
 REPLICA_LABELS = ("ReplicaId", "replica", "WorkerId")
 
 

@@ -67,6 +67,8 @@ KNOWN_METRICS: tuple[str, ...] = (
     "ray_vllm_nixl_bytes_transferred_sum",
     "ray_vllm_nixl_num_failed_transfers_total",
     "ray_vllm_prompt_tokens_by_source_total",
+    "ray_vllm_prefix_cache_queries_total",
+    "ray_vllm_prefix_cache_hits_total",
     "ray_vllm_request_success_total",
     "ray_serve_num_deployment_http_error_requests_total",
 )

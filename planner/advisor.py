@@ -85,6 +85,10 @@ class Candidate:
             "goodput_rps_per_gpu": round(self.goodput_per_gpu, 4),
             "meets_slo": o.meets_slo,
             "saturated": o.saturated,
+            # Per request: what prefix hits (workload.prefix_hit_share) leave to compute and to move.
+            "prompt_tokens_computed": round(o.prompt_tokens_computed, 1),
+            "prefill_ms": round(o.prefill_seconds * 1e3, 2),
+            "kv_bytes_moved": round(o.kv_bytes_moved),
         }
 
 
@@ -107,6 +111,7 @@ class Advice:
                 "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens,
                 "range_ratio": w.range_ratio,
+                "prefix_hit_share": w.prefix_hit_share,
                 **({"concurrency": w.concurrency} if w.concurrency is not None else {"rate": w.rate}),
             },
             "slo": {"ttft_ms": self.slo.ttft_ms, "itl_ms": self.slo.itl_ms, "percentile": self.slo.percentile},
@@ -298,3 +303,13 @@ def colocated_serves_better(pd: Candidate, colocated: Candidate, percentile: int
     if colocated.goodput_per_gpu < pd.goodput_per_gpu * (1 - TIE_SHARE):
         return False
     return c.ttft_ms[percentile] <= p.ttft_ms[percentile] and c.itl_ms[percentile] <= p.itl_ms[percentile] * 1.05
+
+
+def resimulate(candidate: Candidate, inputs: AdvisorInputs, workload: Workload, slo: Slo) -> Candidate:
+    """The same candidate (mode, split, threshold) simulated again for another workload."""
+    prefill, decode, link = _fleet(inputs)
+    if candidate.mode == "colocated":
+        return replace(candidate, outcome=simulate(workload, slo, colocated=(decode, candidate.decode_replicas)))
+    fleet = (prefill, decode, link)
+    x, y, threshold = candidate.prefill_replicas, candidate.decode_replicas, candidate.min_prompt_tokens
+    return _pd_candidate(inputs, workload, slo, fleet, x, y, threshold)

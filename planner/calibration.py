@@ -40,18 +40,26 @@ LOCAL_CPU = dict(peak_flops=100e9, memory_bytes_per_s=10e9)
 
 
 def single_request_ttft(
-    cost: StepCost, tokens: int, budget: int, mode: str, link: Link | None, min_prompt_tokens: int = 0
+    cost: StepCost,
+    tokens: int,
+    budget: int,
+    mode: str,
+    link: Link | None,
+    min_prompt_tokens: int = 0,
+    cached: int = 0,
 ) -> float:
     """Seconds from arrival to first token of one request on idle engines (P/D below
-    ``min_prompt_tokens``: decode prefills it, as colocated does)."""
-    seconds, offset = cost.device.efficiency.request_overhead_s, 0
+    ``min_prompt_tokens``: decode prefills it, as colocated does). ``cached``: the prompt's tokens
+    both engines hold already, neither computed nor moved."""
+    seconds, offset = cost.device.efficiency.request_overhead_s, cached
     while offset < tokens:
         take = min(budget, tokens - offset)
         seconds += cost.step_seconds(0, 0, take, take * (offset + take / 2), offset, 1)
         offset += take
     if mode == "disaggregated" and tokens >= min_prompt_tokens:
         assert link is not None
-        seconds += link.seconds(tokens * cost.kv_bytes_per_token) + cost.step_seconds(1, tokens, 0, 0.0, 0, 0)
+        moved = (tokens - cached) * cost.kv_bytes_per_token
+        seconds += link.seconds(moved) + cost.step_seconds(1, tokens, 0, 0.0, 0, 0)
     return seconds
 
 

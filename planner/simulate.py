@@ -12,6 +12,13 @@ link, all of it once the prefill is done (vLLM's NIXL connector) or chunk by chu
 computed (SGLang's P/D: ``Link.per_chunk``), and decode's first step on the request gives its first
 token. With selective P/D a prompt shorter than the threshold is prefilled by decode itself.
 Requests go to the replica with the fewest in flight.
+
+Prefix hits (``Workload.prefix_hit_share``): that share of each prompt, in whole KV blocks, is already
+in the cache of the engine that prefills it, so only the rest is computed (vLLM's prefix caching,
+which recomputes at least a prompt's last token); in P/D decode holds the same blocks (the previous
+turn's pull, a shared system prompt), so only the computed rest crosses the link (NixlConnector asks
+prefill for decode's uncached blocks only). The cached blocks still take their room in each engine's
+KV cache, as a conversation's own history does.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import itertools
 import random
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from planner.core import KV_BLOCK_TOKENS
 from planner.performance import Link, StepCost
 
 # The share of requests at the start that only fill the system (their numbers are left out).
@@ -41,10 +49,17 @@ class Workload:
     rate: float | None = None  # requests per second
     requests: int = 400
     seed: int = 0
+    # The share of each prompt found in the prefix cache (a conversation's history, a shared context).
+    prefix_hit_share: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
             raise ValueError("a workload has a concurrency or a rate, not both")
+        if not 0 <= self.prefix_hit_share <= 1:
+            raise ValueError(f"prefix_hit_share={self.prefix_hit_share:g} is not a share from 0 to 1")
+
+    def cached_tokens(self, prompt: int) -> int:
+        return cached_prefix_tokens(prompt, self.prefix_hit_share)
 
     def lengths(self) -> list[tuple[int, int]]:
         rng = random.Random(self.seed)
@@ -54,6 +69,13 @@ class Workload:
             return max(1, round(rng.uniform(low, high)))
 
         return [(spread(self.prompt_tokens), spread(self.output_tokens)) for _ in range(self.requests)]
+
+
+def cached_prefix_tokens(prompt: int, share: float, block: int = KV_BLOCK_TOKENS) -> int:
+    """The tokens of a ``prompt``-token prompt a prefix cache serves when ``share`` of it was seen:
+    whole blocks only, and never the last token, which vLLM computes again for its logits
+    (KVCacheManager.get_computed_blocks caps a hit at the prompt's length less one)."""
+    return min(int(prompt * share) // block, (prompt - 1) // block) * block
 
 
 @dataclass(frozen=True)
@@ -70,7 +92,9 @@ class Request:
     output: int
     arrival: float
     prefill_here: bool = True  # computes its prompt on the engine it is on
+    cached: int = 0  # prompt tokens found in the prefix cache: never computed, never moved
     prefilled: int = 0
+    kv_bytes_moved: float = 0.0
     generated: int = 0
     token_times: list[float] = field(default_factory=list)
     done_at: float | None = None
@@ -100,6 +124,8 @@ class Engine:
         self.steps = 0
         self.decode_batch_total = 0
         self.sending_until = 0.0  # a prefill engine's queue of chunks to send (Link.per_chunk)
+        # What its steps' prompt chunks added to them: the step less the same step without them.
+        self.prompt_seconds = 0.0
 
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -142,7 +168,13 @@ class Engine:
         self.busy, self.batch = True, (decoding, chunks)
         self.steps += 1
         self.decode_batch_total += len(decoding)
-        return self.spec.cost.step_seconds(len(decoding), context, tokens, attention, offsets, len(chunks))
+        cost = self.spec.cost
+        seconds = cost.step_seconds(len(decoding), context, tokens, attention, offsets, len(chunks))
+        if chunks:
+            self.prompt_seconds += seconds - (
+                cost.step_seconds(len(decoding), context, 0, 0.0, 0, 0) if decoding else 0
+            )
+        return seconds
 
     def finish_step(self, now: float) -> tuple[list[Request], list[Request]]:
         """(requests done here, prefills done here that go on to decode)."""
@@ -208,6 +240,12 @@ class Outcome:
     requests: int
     # TTFT, TPOT and ITL as `vllm bench serve` names and computes them (LATENCY_METRICS).
     latency_ms: dict[str, float] = field(default_factory=dict)
+    # Per request: the prompt tokens computed (not served by the prefix cache), the KV bytes that
+    # crossed from prefill to decode (0 where decode prefilled it), and the engines' busy seconds
+    # on prompts, what prefix hits save.
+    prompt_tokens_computed: float = 0.0
+    kv_bytes_moved: float = 0.0
+    prefill_seconds: float = 0.0
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -267,7 +305,8 @@ def simulate(
     def issue(now: float) -> None:
         index = len(requests)
         prompt, output = lengths[index]
-        request = Request(index, prompt, output, now)
+        cached = workload.cached_tokens(prompt)
+        request = Request(index, prompt, output, now, cached=cached, prefilled=cached)
         requests.append(request)
         push(now + overhead / 2, "arrive", request)
 
@@ -311,19 +350,30 @@ def simulate(
             kv_bytes = engine.spec.cost.kv_bytes_per_token
             if link is not None and link.per_chunk and engine.role == "prefill":
                 for request, tokens in computed:
+                    request.kv_bytes_moved += tokens * kv_bytes
                     engine.sending_until = max(now, engine.sending_until) + link.moving_seconds(tokens * kv_bytes)
                     if request.prefilled >= request.prompt:
                         push(engine.sending_until + link.fixed_s, "kv", (request, engine))
             else:
                 for request in handed_off:
                     assert link is not None
-                    push(now + link.seconds(request.prompt * kv_bytes), "kv", (request, engine))
+                    request.kv_bytes_moved = (request.prompt - request.cached) * kv_bytes
+                    push(now + link.seconds(request.kv_bytes_moved), "kv", (request, engine))
             for request in finished:
                 request.done_at = now + overhead / 2
                 if workload.concurrency is not None and len(requests) < workload.requests:
                     issue(request.done_at)
             kick(engine, now)
-    return _outcome(requests, workload, slo, saturated, decodes, overhead)
+    outcome = _outcome(requests, workload, slo, saturated, decodes, overhead)
+    prefilled = [r for r in requests if r.prefilled >= r.prompt]
+    if not prefilled:
+        return outcome
+    return replace(
+        outcome,
+        prompt_tokens_computed=mean([r.prompt - r.cached for r in prefilled]),
+        kv_bytes_moved=mean([r.kv_bytes_moved for r in prefilled]),
+        prefill_seconds=sum(e.prompt_seconds for e in {*prefills, *decodes}) / len(prefilled),
+    )
 
 
 def _outcome(

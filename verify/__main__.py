@@ -101,7 +101,7 @@ def live_endpoint(args: argparse.Namespace, kubectl: KubectlRunner, namespace: s
             results = measure(workers)
         except (KubeError, OSError) as exc:
             reason = f"endpoint unreachable: {exc}"
-            return [checks.CheckResult(checks.CHAT, False, reason), checks.CheckResult(checks.KV, False, reason)]
+            return [checks.CheckResult(name, False, reason) for name in (checks.CHAT, checks.KV, checks.REUSE)]
         if args.record:
             record = json.dumps(checks.endpoint_record(results), indent=1)
             (Path(args.record) / ENDPOINT_FILE).write_text(record + "\n")

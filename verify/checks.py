@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 from local.metrics import (
     NIXL_TRANSFERS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS_BY_SOURCE,
     Sample,
     counter_delta,
@@ -65,6 +67,14 @@ AUTOSCALER, PENDING = ("Cluster Autoscaler sees both GPU groups", "no worker Pen
 HF_TOKEN = "Hugging Face token mounted"
 RAY_AUTH = "Ray token authentication"
 ROLLOUT = "rollout state"
+REUSE = "prefix cache hit rate per phase"
+# Decode re-pulls whole prompts when prefill serves at least this share of its queried prompt tokens
+# from its prefix cache and decode less than this fraction of prefill's share. Every block prefill
+# hits was computed on an earlier turn and pulled by decode then; a decode that keeps what it
+# pulled finds it again (NixlConnector pulls only decode's uncached blocks), so its rate follows
+# prefill's. Half leaves room for decode's cache also holding outputs, and for some eviction.
+REUSE_PREFILL_MIN = 0.2
+REUSE_DECODE_FRACTION = 0.5
 REPLICA_TIME = "time to the last new replica"
 # Serve's controller logs each replica start with its duration; read on the head pod.
 SERVE_STARTS = (
@@ -543,6 +553,51 @@ def kv_transferred(before: Counters, after: Counters, prompt_tokens: int) -> Che
     )
 
 
+def prefix_reuse(counters: Counters) -> CheckResult:
+    """Each phase's prefix-cache hit rate over its engines' lifetime (vLLM's prefix_cache_hits over
+    prefix_cache_queries, both in tokens); fails where decode re-pulls what prefill finds cached."""
+
+    def total(prefix: str, metric: str, source: str = "") -> float:
+        return sum(
+            v for (dep, name, src), v in counters.items() if dep.startswith(prefix) and name == metric and src == source
+        )
+
+    rates: dict[str, float] = {}
+    facts, problems = [], []
+    for phase in ("Prefill", "Decode"):
+        queries, hits = total(phase, PREFIX_CACHE_QUERIES), total(phase, PREFIX_CACHE_HITS)
+        if not any(dep.startswith(phase) and name == PREFIX_CACHE_QUERIES for dep, name, _ in counters):
+            # Ray exports a counter once it first moves: none means no request met a prefix cache there.
+            problems.append(
+                f"no {PREFIX_CACHE_QUERIES} was read from {phase.lower()}: its engines served no request with "
+                "prefix caching on (serving.prefix_caching)"
+            )
+            continue
+        if queries:
+            rates[phase] = hits / queries
+            facts.append(f"{phase.lower()} {hits / queries:.0%} of {queries:,.0f} queried prompt tokens")
+        else:
+            facts.append(f"{phase.lower()} no prompt queried yet")
+    rule = (
+        f"rule: decode below {REUSE_DECODE_FRACTION:g}× prefill's rate while prefill's is at least "
+        f"{REUSE_PREFILL_MIN:.0%} means decode pulls whole prompts again"
+    )
+    prefill, decode = rates.get("Prefill"), rates.get("Decode")
+    if prefill is not None and decode is not None and prefill >= REUSE_PREFILL_MIN:
+        if decode < prefill * REUSE_DECODE_FRACTION:
+            pulled = total("Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
+            problems.append(
+                f"decode re-pulls whole prompts over NIXL turn after turn: prefill finds {prefill:.0%} of each "
+                f"prompt in its cache, decode {decode:.0%}"
+                + (f" ({pulled:,.0f} prompt tokens pulled)" if pulled else "")
+                + "; send a conversation's turns to the decode replica that holds its history "
+                "(serving.decode.request_router: prefix_affinity) and check decode's KV cache is not evicting it "
+                "(ray_vllm_kv_cache_usage_perc)"
+            )
+    evidence = "; ".join(problems + facts) + f" ({rule})"
+    return CheckResult(REUSE, not problems, evidence, {"rates": rates})
+
+
 def engine_snapshot(metrics_url: str, replicas: Mapping[str, str]) -> Counters:
     """Counters of one metrics endpoint whose replica ids ``replicas`` maps to deployments."""
     return engine_counters(scrape(metrics_url), dict(replicas))
@@ -587,12 +642,13 @@ def verify_kv_reuse(
     before = settled(snapshot, poll, timeout)
     chat = chat_completion_works(base_url, model, api_key=api_key)
     if not chat.passed:
-        return [chat, CheckResult(KV, False, "no completion, so no transfer to measure")]
+        return [chat, CheckResult(KV, False, "no completion, so no transfer to measure"), prefix_reuse(before)]
     deadline = time.monotonic() + timeout
     while True:
-        result = kv_transferred(before, snapshot(), chat.data["prompt_tokens"])
+        after = snapshot()
+        result = kv_transferred(before, after, chat.data["prompt_tokens"])
         if result.passed or time.monotonic() > deadline:
-            return [chat, result]
+            return [chat, result, prefix_reuse(after)]
         time.sleep(poll)
 
 
@@ -608,7 +664,11 @@ def endpoint_record(results: list[CheckResult]) -> dict:
 def replay_endpoint(record: Mapping[str, Any]) -> list[CheckResult]:
     chat = judge_chat(record.get("chat") or {"error": "no chat completion was recorded"})
     counters = {key: {(d, m, s): v for d, m, s, v in record.get(key, [])} for key in ("before", "after")}
-    return [chat, kv_transferred(counters["before"], counters["after"], chat.data.get("prompt_tokens", 0))]
+    return [
+        chat,
+        kv_transferred(counters["before"], counters["after"], chat.data.get("prompt_tokens", 0)),
+        prefix_reuse(counters["after"]),
+    ]
 
 
 def run_all(
@@ -623,7 +683,7 @@ def run_all(
     gated: bool = False,
     deletion_delay_seconds: int = 120,
 ) -> list[CheckResult]:
-    """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last two.
+    """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last three.
 
     ``gpu_groups`` is the configured (min, max) of each phase's node group; ``replica_estimates`` the
     planner's time to a new replica of each phase, which is also as long as a worker pod may wait for

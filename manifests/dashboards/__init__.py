@@ -100,6 +100,23 @@ PANELS: tuple[Panel, ...] = (
             for source in ("local_compute", "external_kv_transfer")
         ),
     ),
+    # The share of queried prompt tokens each phase found in its own prefix cache. With P/D decode keeps
+    # what it pulled on a conversation's earlier turn, so it hits about as often as prefill; near 0
+    # while prefill hits, decode pulls each whole history over NIXL again (`make verify` flags it).
+    Panel(
+        "Prefix cache hit rate",
+        "percentunit",
+        (
+            (
+                "hit tokens / queried tokens",
+                f"{_rate('ray_vllm_prefix_cache_hits_total')} / {_rate('ray_vllm_prefix_cache_queries_total')}",
+            ),
+        ),
+        (
+            CloudWatchSeries("ray_vllm_prefix_cache_hits_total", "Sum", "prefix cache hit tokens"),
+            CloudWatchSeries("ray_vllm_prefix_cache_queries_total", "Sum", "prefix cache queried tokens"),
+        ),
+    ),
     # With P/D decode computes no prompt token itself. Above zero, KV pulls fail and
     # kv_transfer.load_failure_policy recompute hides it as slow serving, as a stale NIXL peer after
     # a prefill restart does (vLLM issue #49238): `make verify` names it and the remedy.

@@ -318,3 +318,26 @@ def test_decode_recomputing_the_prompt_is_drawn_as_an_alarm_in_both_dashboards()
     (widget,) = [w for w in body["widgets"] if "recomputed" in w.get("properties", {}).get("title", "")]
     assert widget["properties"]["title"].startswith("decode: ")
     assert widget["properties"]["annotations"]["horizontal"] == [{"label": "alarm", "value": 0}]
+
+
+def test_each_phase_draws_its_prefix_cache_hit_rate_from_counters_vllm_exports():
+    """A panel per phase divides the prefix-cache hits by the queries; every metric the dashboard
+    reads is one the installed vLLM declares (read from its source), as Ray exports it."""
+    from tests.vllm_exports import declared, ray_exported
+
+    grafana = dashboards.grafana_dashboard()
+    hit_rate = {
+        p["title"].split(": ")[0]: p
+        for p in grafana["panels"]
+        if p.get("title", "").endswith(": Prefix cache hit rate")
+    }
+    assert set(hit_rate) == set(dashboards.PHASES)
+    for phase, panel in hit_rate.items():
+        (target,) = panel["targets"]
+        hits, queries = target["expr"].split(" / ")
+        assert "ray_vllm_prefix_cache_hits_total" in hits and "ray_vllm_prefix_cache_queries_total" in queries
+        assert f'phase="{phase}"' in hits and f'phase="{phase}"' in queries
+        assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert {"vllm:prefix_cache_hits", "vllm:prefix_cache_queries"} <= set(declared())
+    vllm_names = {n for n in dashboards.METRIC_NAME.findall(json.dumps(grafana)) if n.startswith("ray_vllm_")}
+    assert vllm_names <= ray_exported(), vllm_names - ray_exported()

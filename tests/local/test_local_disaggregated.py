@@ -467,11 +467,12 @@ def test_verify_checks_pass_against_the_live_local_server(server):
     """`make verify`'s endpoint checks, run for real against the local server."""
     from verify.checks import engine_snapshot, verify_kv_reuse
 
-    chat, kv = verify_kv_reuse(
+    chat, kv, reuse = verify_kv_reuse(
         server.base_url, MODEL, lambda: engine_snapshot(server.status["metrics_url"], server.replicas())
     )
     assert chat.passed, chat.evidence
     assert kv.passed, kv.evidence
+    assert reuse.passed, reuse.evidence
     assert "local_compute +0" in kv.evidence
 
 

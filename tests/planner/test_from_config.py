@@ -111,7 +111,13 @@ def test_make_plan_json_compares_the_modes_for_the_workload_given(capsys):
     flags = ["--prompt-tokens", "4096", "--output-tokens", "256", "--concurrency", "8", "--json"]
     assert main([str(CONFIG_DIR / "dev.yaml"), *flags]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["workload"] == {"prompt_tokens": 4096, "output_tokens": 256, "range_ratio": 0.25, "concurrency": 8}
+    assert data["workload"] == {
+        "prompt_tokens": 4096,
+        "output_tokens": 256,
+        "range_ratio": 0.25,
+        "prefix_hit_share": 0.0,
+        "concurrency": 8,
+    }
     for mode in ("colocated", "disaggregated"):
         for key in ADVICE_FIGURES:
             assert data["modes"][mode][key] > 0

@@ -266,8 +266,9 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS NIXL uses EFA",
         "PASS chat completion",
         "PASS KV transferred, no recompute",
+        "PASS prefix cache hit rate per phase",
     ]
-    assert lines[-1] == "11/11 checks passed"
+    assert lines[-1] == "12/12 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -285,7 +286,8 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert f"FAIL replicas on their node groups: decode-gpu: {DECODE_POD} on" in out
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
-    assert out.splitlines()[-1] == "7/11 checks passed"
+    assert "FAIL prefix cache hit rate per phase: no ray_vllm_prefix_cache_queries_total was read" in out
+    assert out.splitlines()[-1] == "7/12 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -481,3 +483,95 @@ def test_a_ray_pod_without_token_authentication_fails_the_check():
     assert not result.passed
     assert "pd-llm-xk2vd-head-8tq2w runs without RAY_AUTH_MODE=token" in result.evidence
     assert "raise ray_service.auth_token_generation" in result.evidence
+
+
+# Prefix-cache reuse per phase --------------------------------------------------------------------
+
+REUSE_HEALTHY, REUSE_REPULLS = FIXTURES / "metrics_reuse_healthy", FIXTURES / "metrics_reuse_decode_repulls"
+
+
+def scraped(folder: Path) -> checks.Counters:
+    """The counters of a recorded scrape of each phase's worker, labelled as `make verify` labels them."""
+    return checks.phase_counters(
+        {
+            f"Prefill/{PREFILL_POD}": (folder / "prefill.prom").read_text(),
+            f"Decode/{DECODE_POD}": (folder / "decode.prom").read_text(),
+        }
+    )
+
+
+def hit_rate(folder: Path, phase: str) -> float:
+    from local.metrics import parse
+
+    def total(name: str) -> float:
+        return sum(s.value for s in parse((folder / f"{phase}.prom").read_text()) if s.name == name)
+
+    return total("ray_vllm_prefix_cache_hits_total") / total("ray_vllm_prefix_cache_queries_total")
+
+
+@pytest.mark.parametrize("folder", [REUSE_HEALTHY, REUSE_REPULLS])
+def test_recorded_scrapes_name_only_metrics_vllm_exports(folder):
+    from local.metrics import parse
+    from tests.vllm_exports import ray_exported
+
+    for phase in ("prefill", "decode"):
+        names = {s.name for s in parse((folder / f"{phase}.prom").read_text())}
+        assert {"ray_vllm_prefix_cache_hits_total", "ray_vllm_prefix_cache_queries_total"} <= names
+        assert names <= ray_exported(), names - ray_exported()
+
+
+def test_prefix_hit_rate_is_reported_per_phase_and_a_decode_that_keeps_what_it_pulled_passes():
+    result = checks.prefix_reuse(scraped(REUSE_HEALTHY))
+    assert result.passed, result.evidence
+    prefill, decode = hit_rate(REUSE_HEALTHY, "prefill"), hit_rate(REUSE_HEALTHY, "decode")
+    assert result.data["rates"] == {"Prefill": pytest.approx(prefill), "Decode": pytest.approx(decode)}
+    assert f"prefill {prefill:.0%} of " in result.evidence and f"decode {decode:.0%} of " in result.evidence
+    assert "rule: decode below 0.5× prefill's rate while prefill's is at least 20%" in result.evidence
+
+
+def test_a_decode_that_re_pulls_what_prefill_finds_cached_is_flagged_with_the_remedy():
+    result = checks.prefix_reuse(scraped(REUSE_REPULLS))
+    prefill, decode = hit_rate(REUSE_REPULLS, "prefill"), hit_rate(REUSE_REPULLS, "decode")
+    assert prefill >= checks.REUSE_PREFILL_MIN and decode < prefill * checks.REUSE_DECODE_FRACTION
+    assert not result.passed
+    assert f"decode re-pulls whole prompts over NIXL turn after turn: prefill finds {prefill:.0%}" in result.evidence
+    assert "serving.decode.request_router: prefix_affinity" in result.evidence
+    # Either side of the rule's edge, with the recorded prefill: decode's share just above and just under it.
+    edge = prefill * checks.REUSE_DECODE_FRACTION
+    counters = scraped(REUSE_REPULLS)
+    queries = counters[(f"Decode/{DECODE_POD}", "ray_vllm_prefix_cache_queries_total", "")]
+    for share, passes in ((edge + 0.001, True), (edge - 0.001, False)):
+        counters[(f"Decode/{DECODE_POD}", "ray_vllm_prefix_cache_hits_total", "")] = share * queries
+        assert checks.prefix_reuse(counters).passed is passes
+
+
+def test_without_reuse_on_prefill_there_is_nothing_to_flag():
+    counters = scraped(REUSE_REPULLS)
+    for dep, name, source in list(counters):
+        if name == "ray_vllm_prefix_cache_hits_total":
+            counters[(dep, name, source)] = 0.0
+    result = checks.prefix_reuse(counters)
+    assert result.passed and "prefill 0% of" in result.evidence
+
+
+def test_the_healthy_recording_is_the_recorded_scrapes():
+    record = json.loads((HEALTHY / "endpoint.json").read_text())
+    assert {(d, m, s): v for d, m, s, v in record["after"]} == scraped(REUSE_HEALTHY)
+
+
+def test_cli_flags_a_recording_whose_decode_re_pulls_whole_prompts(tmp_path):
+    flagged = tmp_path / "flagged"
+    shutil.copytree(HEALTHY, flagged)
+    record = json.loads((flagged / "endpoint.json").read_text())
+    repulls = scraped(REUSE_REPULLS)
+    key = (f"Decode/{DECODE_POD}", "ray_vllm_prefix_cache_hits_total", "")
+    for snapshot in (record["before"], record["after"]):
+        for row in snapshot:
+            if tuple(row[:3]) == key:
+                row[3] = repulls[key]
+    (flagged / "endpoint.json").write_text(json.dumps(record))
+    done = verify_cli("--recorded", str(flagged))
+    assert done.returncode == 1
+    assert "PASS KV transferred, no recompute" in done.stdout
+    assert "FAIL prefix cache hit rate per phase: decode re-pulls whole prompts over NIXL" in done.stdout
+    assert done.stdout.splitlines()[-1] == "11/12 checks passed"
