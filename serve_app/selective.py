@@ -1,17 +1,23 @@
-"""Selective disaggregation: a prompt shorter than ``serving.pd_min_prompt_tokens`` is prefilled by
-decode itself; a longer one goes through remote prefill and NIXL as in Ray Serve LLM's P/D graph.
+"""Selective disaggregation: a prompt whose uncached remainder is shorter than
+``serving.pd_min_prompt_tokens`` is prefilled by decode itself; any other goes through remote prefill
+and NIXL as in Ray Serve LLM's P/D graph.
 
-Remote prefill only pays when the prompt is long enough that computing it on decode would stall
-decode's running streams for longer than the KV transfer costs. For a short prompt it only adds a
-second engine call, a handshake and a transfer before the first token (on this project's CPU
-run, 50-100 ms). This is a thin layer over Ray Serve LLM's own classes, the same in Ray 2.58 (the
-cluster image) and 2.60 (the tests):
+Remote prefill only pays when what must be computed is long enough that computing it on decode would
+stall decode's running streams for longer than the KV transfer costs. For a short computation it only
+adds a second engine call, a handshake and a transfer before the first token (on this project's CPU
+run, 50-100 ms). What must be computed is the prompt less what decode's engine already holds: a
+conversation's next turn (a long history, a short new message) is a short prefill when decode kept
+the history's KV from the turn before. llm-d's ``prefix-based-pd-decider`` decides the same way
+(non-cached tokens against a threshold). This is a thin layer over Ray Serve LLM's own classes, the
+same in Ray 2.58 (the cluster image) and 2.60 (the tests):
 
 - :class:`SelectivePDDecodeServer` is Ray's ``PDDecodeServer`` (decode owns an engine and calls
   prefill), with its prewarm in the background (``serve_app/pd_decode.py``); its
-  ``chat``/``completions`` count the prompt's tokens with decode's own tokenizer and either run
-  the request on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``: vLLM
-  computes the prompt itself) or hand it to Ray's P/D orchestration unchanged.
+  ``chat``/``completions`` tokenize the prompt with decode's own tokenizer, subtract the full KV
+  blocks decode's engine is estimated to hold (:class:`serve_app.prefix_index.PrefixIndex`, fed with
+  every prompt this replica serves) and either run the request on the local engine (``LLMServer``'s
+  methods, no ``kv_transfer_params``: vLLM computes what its cache lacks) or hand it to Ray's P/D
+  orchestration unchanged.
 - :func:`build_selective_pd_app` is Ray's ``build_pd_openai_app`` with that class for decode
   (``serve_app.pd_decode.decode_classes``); everything else (prefill, ingress, options, DP checks) is
   Ray's own code.
@@ -30,14 +36,15 @@ from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 
 from serve_app.pd_decode import DECODE_CLASS_NAME, BackgroundPrewarmPDDecodeServer, decode_classes
+from serve_app.prefix_index import PrefixIndex
 from serve_app.spec import SELECTIVE_THRESHOLD_KEY
 
 logger = logging.getLogger(__name__)
 
 
-def prompt_token_count(tokenizer: Any, request: Any) -> int | None:
-    """Tokens of ``request``'s prompt as decode's engine would see them, or None when it cannot be
-    told (then the request takes the P/D path, today's behaviour)."""
+def prompt_token_ids(tokenizer: Any, request: Any) -> list[int] | None:
+    """The token ids of ``request``'s prompt as decode's engine would see them, or None when they
+    cannot be told (then the request takes the P/D path)."""
     messages = getattr(request, "messages", None)
     if messages is not None:
         rendered = [_text_message(m) for m in messages]
@@ -49,12 +56,12 @@ def prompt_token_count(tokenizer: Any, request: Any) -> int | None:
             return None
         if not isinstance(ids, list):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
-        return len(ids)
+        return list(ids)
     prompt = getattr(request, "prompt", None)
     if isinstance(prompt, str):
-        return len(tokenizer.encode(prompt))
+        return list(tokenizer.encode(prompt))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
+        return prompt
     # Batched prompts (a list of strings or of id lists) go through P/D, as one request each would.
     return None
 
@@ -76,7 +83,7 @@ def _text_message(message: Any) -> dict[str, Any] | None:
 
 
 class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
-    """Ray's ``PDDecodeServer`` that keeps short prompts on its own engine."""
+    """Ray's ``PDDecodeServer`` that keeps prompts with a short uncached remainder on its own engine."""
 
     def _min_prompt_tokens(self) -> int:
         return int(self._llm_config.experimental_configs.get(SELECTIVE_THRESHOLD_KEY, 0))
@@ -93,12 +100,37 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
         self._selective_tokenizer = tokenizer
         return tokenizer
 
+    def _prefix_index(self) -> PrefixIndex | None:
+        """The estimate of decode's prefix cache; None when its engine caches no prefixes."""
+        if not hasattr(self, "_selective_index"):
+            # The engine's own cache config, as AsyncLLM's front end holds it: block_size as the
+            # platform set it (the CPU build's 128, a GPU's 16 by default), num_gpu_blocks as the
+            # engine core reported on start (vLLM 0.26: wait_for_engine_startup in
+            # vllm/v1/engine/utils.py; 0.32: MPClient._apply_ready_response in core_client.py).
+            cache = self.engine._engine_client.vllm_config.cache_config
+            self._selective_index = (
+                PrefixIndex(cache.block_size, cache.num_gpu_blocks) if cache.enable_prefix_caching else None
+            )
+        return self._selective_index
+
     async def _prefill_here(self, request: Any) -> bool:
         threshold = self._min_prompt_tokens()
         if threshold <= 0:
             return False
-        count = prompt_token_count(await self._tokenizer(), request)
-        return count is not None and count < threshold
+        tokens = prompt_token_ids(await self._tokenizer(), request)
+        if tokens is None:
+            return False
+        index = self._prefix_index()
+        if index is None:
+            return len(tokens) < threshold
+        # vLLM keys the cache by LoRA adapter and cache_salt too (its blocks' extra keys).
+        salt = (getattr(request, "model", None), getattr(request, "cache_salt", None))
+        remainder = len(tokens) - index.cached_tokens(tokens, salt)
+        # Either path leaves the prompt's blocks in decode's cache: computed here, or pulled over
+        # NIXL, which vLLM caches like computed blocks (the next turn of docs/serving.md's "Repeated
+        # long inputs" is served 1,408 tokens from decode's own cache).
+        index.add(tokens, salt)
+        return remainder < threshold
 
     async def chat(self, request, raw_request_info=None):
         if refused := self._refusal(request):

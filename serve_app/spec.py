@@ -489,10 +489,13 @@ class ServingSpec(SpecModel):
         default=0,
         ge=0,
         description=(
-            "P/D only: a prompt shorter than this many tokens is prefilled by decode itself, with no remote "
-            "prefill and no KV transfer (serve_app/selective.py); a longer one goes through prefill and NIXL. "
-            "Remote prefill adds a second engine call and a transfer before the first token, which pays "
-            "only for long prompts. 0: every request goes through P/D (Ray's build_pd_openai_app as it is). "
+            "P/D only: a prompt whose uncached remainder (its tokens less the full KV blocks decode's engine "
+            "is estimated to hold from the prompts it served before) is shorter than this many tokens is "
+            "prefilled by decode itself, with no remote prefill and no KV transfer (serve_app/selective.py); "
+            "any other goes through prefill and NIXL. So a short prompt, and a conversation's next turn "
+            "(a long history decode holds, a short new message), stay on decode. Remote prefill adds a "
+            "second engine call and a transfer before the first token, which pays only for a long "
+            "computation. 0: every request goes through P/D (Ray's build_pd_openai_app as it is). "
             "`make plan` recommends a value for a workload."
         ),
     )

@@ -175,6 +175,45 @@ def test_a_prompt_at_the_threshold_is_disaggregated(server, client):
     assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
 
 
+PROMPT_TOKENS = "ray_vllm_prompt_tokens_total"
+FINISHED_REQUESTS = "ray_vllm_request_success_total"
+PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
+
+
+# A whole number of KV blocks whatever decode's block size (a power of two up to 512: the CPU build's
+# 128, a GPU's 16), so that every history token can be cached. (vLLM's cache_config_info gauge names
+# the size, but it is set once at start and Ray stops exporting a gauge not set again for a while.)
+HISTORY_TOKENS = 512
+
+
+def test_a_next_turn_whose_remainder_decode_lacks_is_short_never_reaches_prefill(server, client):
+    """A conversation's first turn is long, so prefill computes it and decode pulls its KV; the next
+    turn resends it with a short new message. What decode lacks is that message alone, shorter than
+    the threshold: decode computes it and serves the history from its own cache."""
+    from bench.next_turn import history_of
+
+    threshold = local_threshold()
+    assert HISTORY_TOKENS >= threshold, "the first turn must be long enough for remote prefill"
+    history = history_of(HISTORY_TOKENS)
+    message = "\nUser: and then? "[: threshold // 2]
+    before = server.counters()
+    client.completions.create(model=MODEL, prompt=history, max_tokens=4, temperature=0)
+    between = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer", len(history))
+    assert counter_delta(before, between, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == len(history)
+
+    response = client.completions.create(model=MODEL, prompt=history + message, max_tokens=4, temperature=0)
+    assert response.usage.prompt_tokens == len(history) + len(message)
+    after = wait_for_counters(server, between, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_cache_hit", len(history))
+    # Prefill saw no request at all; decode hit the history in its cache and computed the message.
+    assert counter_delta(between, after, "Prefill", FINISHED_REQUESTS) == 0
+    assert counter_delta(between, after, "Prefill", PROMPT_TOKENS) == 0
+    assert counter_delta(between, after, "Decode", PREFIX_CACHE_HITS) == len(history)
+    assert counter_delta(between, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_cache_hit") == len(history)
+    assert counter_delta(between, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == len(message)
+    assert counter_delta(between, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
+    assert counter_delta(between, after, "Decode", NIXL_TRANSFERS) == 0
+
+
 # Bad requests get OpenAI-style 4xx errors, and the server keeps serving --------------------------
 
 

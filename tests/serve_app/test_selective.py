@@ -90,7 +90,7 @@ def test_a_threshold_at_the_context_length_is_refused():
         cluster_spec(pd_min_prompt_tokens=8192)
 
 
-# The count the decision is made on ---------------------------------------------------------------
+# The tokens the decision is made on ---------------------------------------------------------------
 
 
 class Completion:
@@ -104,33 +104,33 @@ class Chat:
 
 
 def test_a_completion_prompt_counts_its_tokens(tiny_tokenizer):
-    from serve_app.selective import prompt_token_count
+    from serve_app.selective import prompt_token_ids
 
     # The tiny tokenizer is byte-level with no merges: one token per ASCII character.
-    assert prompt_token_count(tiny_tokenizer, Completion("x" * 37)) == 37
-    assert prompt_token_count(tiny_tokenizer, Completion([5, 6, 7])) == 3
+    assert len(prompt_token_ids(tiny_tokenizer, Completion("x" * 37))) == 37
+    assert prompt_token_ids(tiny_tokenizer, Completion([5, 6, 7])) == [5, 6, 7]
 
 
 def test_a_chat_counts_the_rendered_template(tiny_tokenizer):
     from local.tiny_model import CHAT_TEMPLATE
-    from serve_app.selective import prompt_token_count
+    from serve_app.selective import prompt_token_ids
 
     assert "{{ bos_token }}" in CHAT_TEMPLATE
     rendered = "<|user|>\nhello\n<|assistant|>\n"
     # <s> (one special token), then one token per byte of the rendered turn.
-    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": "hello"}])) == 1 + len(rendered)
+    assert len(prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": "hello"}]))) == 1 + len(rendered)
 
 
 def test_text_parts_count_as_the_text_they_join_to(tiny_tokenizer):
-    from serve_app.selective import prompt_token_count
+    from serve_app.selective import prompt_token_ids
 
     parts = [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]
     joined = "<|user|>\nhel\nlo\n<|assistant|>\n"
-    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": parts}])) == 1 + len(joined)
+    assert len(prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": parts}]))) == 1 + len(joined)
 
 
 def test_what_cannot_be_counted_takes_the_pd_path(tiny_tokenizer):
-    from serve_app.selective import prompt_token_count
+    from serve_app.selective import prompt_token_ids
 
-    assert prompt_token_count(tiny_tokenizer, Completion(["a", "b"])) is None
-    assert prompt_token_count(tiny_tokenizer, Chat([{"role": "user", "content": [{"type": "image_url"}]}])) is None
+    assert prompt_token_ids(tiny_tokenizer, Completion(["a", "b"])) is None
+    assert prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": [{"type": "image_url"}]}])) is None
