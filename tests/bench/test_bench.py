@@ -208,12 +208,29 @@ def test_next_turn_counts_each_phases_tokens_per_request_from_counter_deltas():
 
     # Two next turns: one hit 1,408 tokens on prefill, one hit nothing; decode pulled 173 each time.
     start, one, two = snapshot(0, 0, 0, 0), snapshot(173, 1408, 173, 1408), snapshot(1754, 1408, 346, 2816)
-    rows = summed([(start, one), (one, two)])
+    rows = summed([(start, one, 1), (one, two, 1)])
     assert rows["Prefill"]["computed"] == (173 + 1581) / 2
     assert rows["Prefill"]["own cache"] == 1408 / 2
     assert rows["Decode"]["over NIXL"] == 173
-    turns = Turns([0.1, 0.1], [0.05, 0.07], [1500, 1500], [1581, 1581], {"next turn": rows})
-    table = report({"P/D": turns})
-    assert "| P/D | 100.0 | 60.0 | 0.60x |" in table
+    # Both next turns between the same two snapshots (two conversations at a time): the same per request.
+    assert summed([(start, two, 2)]) == rows
+    requests = [_request(0, 0.1, 1500), _request(0, 0.1, 1500), _request(1, 0.05, 1581), _request(1, 0.07, 1581)]
+    table = report({"P/D": Turns(requests, {"next turn": rows})})
+    assert "| P/D | 100.0 | 60.0 | 0.60x | 1500, 1581 |" in table
     # Prefill's token hit rate: 1,408 of the 3,162 tokens it was asked about.
     assert f"| {1408 / 3162:.0%} |" in table
+
+
+def _request(turn, ttft_s, prompt_tokens, start_s=0.0, output_tokens=4):
+    from bench.next_turn import Request
+
+    return Request(
+        turn,
+        start_s,
+        ttft_s,
+        ttft_s + 0.03 * (output_tokens - 1),
+        [0.03] * (output_tokens - 1),
+        prompt_tokens,
+        output_tokens,
+        "x" * output_tokens,
+    )
