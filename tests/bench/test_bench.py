@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
+from pathlib import Path
 
 import pytest
 
@@ -325,21 +327,24 @@ def test_the_repeated_report_gives_per_turn_ttft_and_each_phases_hit_rate_from_c
     assert "| colocated | 4 | 100.0 | - | - | - | not measured: http://h:8080/metrics did not answer |" in text
 
 
-def test_hit_rates_of_an_endpoint_are_read_from_its_ray_metrics_or_said_to_be_missing(tmp_path):
+RECORDED_METRICS = Path(__file__).parent / "data" / "ray-metrics-colocated.prom"
+
+
+def test_hit_rates_of_an_endpoint_are_read_from_its_ray_metrics_or_said_to_be_missing():
     import http.server
     import socket
     import threading
 
-    from bench.run import metrics_counters
+    from bench.run import PREFIX_CACHE_QUERIES, metrics_counters
 
-    # Ray's exposition: vLLM labels an engine's counters with its replica id, Serve labels its own with both.
-    text = (
-        'ray_serve_replica_processing_queries{application="llm",deployment="Prefill:m",replica="r1"} 0\n'
-        'ray_serve_replica_processing_queries{application="llm",deployment="Decode:m",replica="r2"} 0\n'
-        'ray_vllm_prefix_cache_queries_total{ReplicaId="r1",model_name="m"} 3162\n'
-        'ray_vllm_prefix_cache_hits_total{ReplicaId="r1",model_name="m"} 1408\n'
-        'ray_vllm_prefix_cache_queries_total{ReplicaId="r2",model_name="m"} 3000\n'
-    )
+    # A real server's exposition: vLLM labels the engine's counters with its replica id alone;
+    # Serve's own gauge names the replica's deployment.
+    text = RECORDED_METRICS.read_text()
+    recorded = {
+        line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith("ray_vllm")
+    }
+    engine_replica = re.search(r'ReplicaId="([^"]+)"', text).group(1)
+    deployment = re.search(r'deployment="([^"]+)",[^}]*replica="' + engine_replica + '"', text).group(1)
 
     class Metrics(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -358,10 +363,10 @@ def test_hit_rates_of_an_endpoint_are_read_from_its_ray_metrics_or_said_to_be_mi
         counters, note = metrics_counters(f"{url}/metrics")
         assert counters is not None and note == ""
         snapshot = counters()
-        assert snapshot[("Prefill:m", "ray_vllm_prefix_cache_hits_total", "")] == 1408
-        assert snapshot[("Decode:m", "ray_vllm_prefix_cache_queries_total", "")] == 3000
+        for metric, value in recorded.items():
+            assert snapshot[(deployment, metric, "")] == value
         counters, note = metrics_counters(f"{url}/other")
-        assert counters is None and note == f"{url}/other exports no ray_vllm_prefix_cache_queries_total"
+        assert counters is None and note == f"{url}/other exports no {PREFIX_CACHE_QUERIES}"
     finally:
         server.shutdown()
     with socket.socket() as closed:
