@@ -64,8 +64,8 @@ help:
 	@echo "make plan    [ENV=…|CONFIG=…] [CALIBRATION=…] [PLAN_ARGS=…]  memory fit, KV transfer cost, price,"
 	@echo "                                              colocated vs P/D for a workload (PLAN_ARGS='--prompt-tokens 4096 --concurrency 8 --json')"
 	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1] [API_KEY=…]   serve_app on this CPU at http://127.0.0.1:8000/v1"
-	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|shared-context-rag|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…]"
-	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…]   (or LOCAL=1: local CPU servers in turn)"
+	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|shared-context-rag|multi-turn-agent|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…] [METRICS_URL=…]"
+	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…] [PD_METRICS_URL=… COLOCATED_METRICS_URL=…]   (or LOCAL=1: local CPU servers in turn)"
 	@echo "make verify  [ENV=…|CONFIG=…] [API_KEY=…]     check a live deployment (uses your kubeconfig)"
 	@echo "make mirror-model [ENV=…|CONFIG=…] [MIRROR_ARGS='--repo ID --dry-run']   copy the model to the stack's S3 mirror (a Job)"
 	@echo "make upgrade-crds [ENV=…|CONFIG=…]            KubeRay's CRDs at the pinned version, server-side (before a chart bump)"
@@ -185,12 +185,15 @@ local: $(VENV)/.serve node_modules/.installed $(if $(HA),redis-server)
 
 bench: $(VENV)/.serve
 	@test -n "$(URL)" || { echo "make bench needs URL=<OpenAI base URL>, e.g. URL=http://127.0.0.1:8000/v1"; exit 2; }
-	$(PY) -m bench.run --url $(URL) --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+	$(PY) -m bench.run --url $(URL) --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER) \
+	  $(if $(METRICS_URL),--metrics-url $(METRICS_URL))
 
 bench-compare: $(VENV)/.serve
 	@test -n "$(LOCAL)$(PD_URL)" || { echo "make bench-compare needs PD_URL=… COLOCATED_URL=…, or LOCAL=1"; exit 2; }
 	$(PY) -m bench.compare $(if $(LOCAL),--local,--pd-url $(PD_URL) --colocated-url $(COLOCATED_URL)) \
-	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER)
+	  --workload $(WORKLOAD) --model $(MODEL) --tokenizer $(TOKENIZER) \
+	  $(if $(PD_METRICS_URL),--pd-metrics-url $(PD_METRICS_URL)) \
+	  $(if $(COLOCATED_METRICS_URL),--colocated-metrics-url $(COLOCATED_METRICS_URL))
 
 # The charts the stack installs, from their repositories, into CHART_CACHE (the tests render them
 # with Helm; make test fetches only the project's own pins, and only those missing).

@@ -10,6 +10,12 @@ Each endpoint also gets the TTFT probe of ``bench/ttft.py``: streamed completion
 medium and long prompts, each with a unique prefix, sequentially. The report gives P/D minus
 colocated TTFT (p50, p90) per size and, for the local servers (whose metrics it reads), where
 P/D's first token spends its time.
+
+A repeated workload (a shared prefix, or conversations of several turns) adds, per endpoint and
+concurrency, the median TTFT of each turn and each phase's prefix-cache hit rate (tokens hit /
+looked up, from the engines' counters before and after the level): the local servers' metrics,
+or a remote deployment's given with --pd-metrics-url / --colocated-metrics-url; without them the
+report says the rate was not measured, and why.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from bench.run import (
     Row,
     dated_dir,
     default_tokenizer,
+    metrics_counters,
     plot,
+    repeated_section,
     run_workload,
     table,
     workload_named,
@@ -81,6 +89,10 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
 
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
+        if kwargs["workload"].repeated:
+            from bench.next_turn import counters_of
+
+            kwargs["counters"] = counters_of(server)
         rows = run_workload(url=server.base_url, **kwargs)
         ttft = probe_ttft(
             server.base_url,
@@ -124,6 +136,8 @@ def compare(
     local: bool = False,
     spec: Path | None = None,
     pd_min_prompt_tokens: int = 0,
+    pd_metrics_url: str | None = None,
+    colocated_metrics_url: str | None = None,
 ) -> str:
     workload = workload_named(workload_name)
     common = dict(model=model, tokenizer=tokenizer, workload=workload, out_dir=out_dir)
@@ -135,9 +149,13 @@ def compare(
         pd_rows, pd_ttft = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
         colocated_rows, co_ttft = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
     else:
-        pd_rows = run_workload(url=pd_url, label="disaggregated", **common)
+        pd_counters, pd_note = metrics_counters(pd_metrics_url) if workload.repeated else (None, "")
+        pd_rows = run_workload(url=pd_url, label="disaggregated", counters=pd_counters, counters_note=pd_note, **common)
         pd_ttft = probe_ttft(pd_url, model, tokenizer)
-        colocated_rows = run_workload(url=colocated_url, label="colocated", **common)
+        co_counters, co_note = metrics_counters(colocated_metrics_url) if workload.repeated else (None, "")
+        colocated_rows = run_workload(
+            url=colocated_url, label="colocated", counters=co_counters, counters_note=co_note, **common
+        )
         co_ttft = probe_ttft(colocated_url, model, tokenizer)
     ratios = ratio_table(pd_rows, colocated_rows)
     ttft = ttft_sections(pd_ttft, co_ttft, pd_min_prompt_tokens)
@@ -156,7 +174,8 @@ def compare(
         ttft={"disaggregated": pd_ttft[0], "colocated": co_ttft[0]},
         pd_min_prompt_tokens=pd_min_prompt_tokens,
     )
-    return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}\n{ttft}"
+    repeated = repeated_section(pd_rows + colocated_rows, workload)
+    return f"{table(pd_rows + colocated_rows)}\n{repeated}\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workload",
         default="long-prompt",
-        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, tiny (default: long-prompt)",
+        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, multi-turn-agent, tiny "
+        "(default: long-prompt)",
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at both URLs (default: tiny-llama)")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
@@ -181,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         help="serving.pd_min_prompt_tokens of the P/D deployment, to label which prompt sizes it prefilled "
         "on decode (the local servers': read from their spec)",
     )
+    for which in ("pd", "colocated"):
+        parser.add_argument(
+            f"--{which}-metrics-url",
+            default=None,
+            help=f"Ray metrics (Prometheus text) of the {which} deployment, for a repeated workload's prefix-cache "
+            "hit rates (the local servers': read from their status)",
+        )
     parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     if not args.local and not (args.pd_url and args.colocated_url):
@@ -197,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             local=args.local,
             spec=Path(args.spec) if args.spec else None,
             pd_min_prompt_tokens=args.pd_min_prompt_tokens,
+            pd_metrics_url=args.pd_metrics_url,
+            colocated_metrics_url=args.colocated_metrics_url,
         )
     )
     print(f"results in {out_dir}")

@@ -5,11 +5,14 @@ engine's prefix cache and the KV transfer did for it.
     python -m bench.next_turn --local --modes disaggregated --history-tokens 1500
     python -m bench.next_turn --url http://127.0.0.1:8000/v1   # any endpoint: TTFT only
     python -m bench.next_turn --local --two-replicas-of prefill  # the routers compared, HA shape
+    python -m bench.next_turn --local --two-replicas-of prefill --conversations 32 --concurrency 4
 
 Each conversation starts with a history no earlier request shares a prefix with (its first turn is
 cold), then sends its next turn the way a chat client or an agent does, once the first has finished:
-the whole history, the model's reply and a short new message. The engines' counters (read from a
-local server's metrics, settled before and after each request) say per request, for each phase:
+the whole history, the model's reply and a short new message (--turns: more turns, each resending
+the one before; --concurrency: that many conversations at a time, each turn of them sent
+together). The engines' counters (read from a local server's metrics, settled between turns) say
+per request, for each phase:
 prompt tokens computed, served from the engine's own prefix cache, and received over NIXL (decode);
 prefix-cache queries and hits; NIXL transfers. The tiny local model's tokenizer is byte level, so a
 character is a token. Results are printed, never asserted.
@@ -46,16 +49,51 @@ COUNTERS = {
 }
 
 
+@dataclass(frozen=True)
+class Request:
+    """One streamed completion as the client saw it (seconds, from ``time.perf_counter``)."""
+
+    turn: int  # 0 for a conversation's first turn
+    start_s: float
+    ttft_s: float
+    latency_s: float
+    itl_s: list[float]
+    prompt_tokens: int
+    output_tokens: int
+    text: str
+
+
 @dataclass
 class Turns:
-    """TTFTs and prompt lengths of the cold first turns and of the next turns."""
+    """Every request of the conversations, and what the engines' counters said per turn."""
 
-    first_s: list[float] = field(default_factory=list)
-    next_s: list[float] = field(default_factory=list)
-    first_tokens: list[int] = field(default_factory=list)
-    next_tokens: list[int] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
     # {turn: {phase: {counter: tokens (or count) per request}}}
     engines: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    @property
+    def turns(self) -> int:
+        return 1 + max((r.turn for r in self.requests), default=-1)
+
+    def of_turn(self, index: int) -> list[Request]:
+        return [r for r in self.requests if r.turn == index]
+
+    def median_ttft_ms(self) -> list[float]:
+        """Median TTFT of each turn index, first turn first."""
+        return [statistics.median(r.ttft_s for r in self.of_turn(i)) * 1e3 for i in range(self.turns)]
+
+    def median_prompt_tokens(self) -> list[float]:
+        return [statistics.median(r.prompt_tokens for r in self.of_turn(i)) for i in range(self.turns)]
+
+    @property
+    def duration_s(self) -> float:
+        if not self.requests:
+            return 0.0
+        return max(r.start_s + r.latency_s for r in self.requests) - min(r.start_s for r in self.requests)
+
+
+def turn_name(index: int) -> str:
+    return f"turn {index + 1}"
 
 
 def history_of(tokens: int) -> str:
@@ -64,10 +102,18 @@ def history_of(tokens: int) -> str:
     return text[:tokens]
 
 
-def turn(client, model: str, prompt: str, max_tokens: int) -> tuple[float, str, int]:
-    """(TTFT in seconds, the reply's text, the prompt's tokens as the server counted them)."""
+def text_of(tokens: int, tokenizer=None) -> str:
+    """``tokens`` tokens no earlier request starts with: characters for the byte-level tiny model."""
+    if tokenizer is None:
+        return history_of(tokens)
+    from bench.ttft import prompt_of
+
+    return prompt_of(tokens, tokenizer)
+
+
+def turn(client, model: str, prompt: str, max_tokens: int, index: int = 0) -> Request:
     started = time.perf_counter()
-    first, parts, prompt_tokens = None, [], 0
+    arrivals, parts, prompt_tokens, output_tokens = [], [], 0, 0
     stream = client.completions.create(
         model=model,
         prompt=prompt,
@@ -79,14 +125,22 @@ def turn(client, model: str, prompt: str, max_tokens: int) -> tuple[float, str, 
     )
     for chunk in stream:
         if chunk.choices:
-            if first is None:
-                first = time.perf_counter() - started
+            arrivals.append(time.perf_counter() - started)
             parts.append(chunk.choices[0].text or "")
         if chunk.usage:
-            prompt_tokens = chunk.usage.prompt_tokens
-    if first is None:
+            prompt_tokens, output_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+    if not arrivals:
         raise RuntimeError("the stream ended without a token")
-    return first, "".join(parts), prompt_tokens
+    return Request(
+        turn=index,
+        start_s=started,
+        ttft_s=arrivals[0],
+        latency_s=time.perf_counter() - started,
+        itl_s=[b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        text="".join(parts),
+    )
 
 
 def per_request(before: dict, after: dict, requests: int) -> dict[str, dict[str, float]]:
@@ -106,11 +160,12 @@ def per_request(before: dict, after: dict, requests: int) -> dict[str, dict[str,
     return out
 
 
-def summed(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
-    """Mean of :func:`per_request` over (before, after) snapshots, one pair per request."""
-    rows = [per_request(before, after, 1) for before, after in pairs]
+def summed(changes: list[tuple[dict, dict, int]]) -> dict[str, dict[str, float]]:
+    """Per request, over (before, after, requests between them) snapshots of ``engine_counters``."""
+    requests = sum(n for _, _, n in changes)
+    rows = [per_request(before, after, 1) for before, after, _ in changes]
     return {
-        phase: {c: sum(r.get(phase, {}).get(c, 0.0) for r in rows) / len(rows) for c in COUNTERS}
+        phase: {c: sum(r.get(phase, {}).get(c, 0.0) for r in rows) / requests for c in COUNTERS}
         for phase in sorted({p for r in rows for p in r})
     }
 
@@ -123,57 +178,122 @@ def converse(
     history_tokens: int,
     reply_tokens: int,
     warmups: int,
+    turns: int = 2,
+    concurrency: int = 1,
+    system_tokens: int = 0,
+    message_tokens: int = 0,
+    tokenizer=None,
     counters=None,
 ) -> Turns:
-    """Runs the conversations; ``counters`` (a settled snapshot function) adds the engines' view."""
+    """Runs the conversations, ``concurrency`` at a time; ``counters`` (a settled snapshot function)
+    adds the engines' view of each turn.
+
+    Every conversation starts with the same ``system_tokens`` (a system prompt), then a task no
+    other shares (``history_tokens``); each later turn resends all of it with the model's reply and
+    a new message (``message_tokens``, or a short question). The conversations of a group send
+    each turn together, once all of them have their previous reply, so the counters read between
+    two turns belong to one turn index.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     import openai
 
     from bench.run import endpoint_api_key
 
-    client = openai.OpenAI(base_url=base_url, api_key=endpoint_api_key() or "unused", timeout=120, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=endpoint_api_key() or "unused", timeout=300, max_retries=0)
+    system = text_of(system_tokens, tokenizer) + "\n" if system_tokens else ""
+
+    def message() -> str:
+        return "\nUser: " + text_of(message_tokens, tokenizer) if message_tokens else NEW_MESSAGE
+
+    def group(size: int, result: Turns | None, changes: dict) -> None:
+        prompts = [system + text_of(history_tokens, tokenizer) for _ in range(size)]
+        before = counters() if counters and result is not None else {}
+        with ThreadPoolExecutor(max_workers=size) as pool:
+            for index in range(turns):
+                done = list(pool.map(lambda p, i=index: turn(client, model, p, reply_tokens, i), prompts))
+                if result is not None:
+                    result.requests += done
+                    if counters:
+                        after = counters()
+                        changes.setdefault(turn_name(index), []).append((before, after, size))
+                        before = after
+                prompts = [p + r.text + message() for p, r in zip(prompts, done, strict=True)]
+
     for _ in range(warmups):
-        _, reply, _ = turn(client, model, history := history_of(history_tokens), reply_tokens)
-        turn(client, model, history + reply + NEW_MESSAGE, reply_tokens)
+        group(1, None, {})
     result = Turns()
-    changes: dict[str, list[tuple[dict, dict]]] = {"first turn": [], "next turn": []}
-    for _ in range(conversations):
-        # A conversation's turns follow each other, so a slow moment of a shared machine falls on both alike.
-        history = history_of(history_tokens)
-        before = counters() if counters else {}
-        seconds, reply, tokens = turn(client, model, history, reply_tokens)
-        between = counters() if counters else {}
-        result.first_s.append(seconds)
-        result.first_tokens.append(tokens)
-        seconds, _, tokens = turn(client, model, history + reply + NEW_MESSAGE, reply_tokens)
-        result.next_s.append(seconds)
-        result.next_tokens.append(tokens)
-        if counters:
-            changes["first turn"].append((before, between))
-            changes["next turn"].append((between, counters()))
+    changes: dict[str, list[tuple[dict, dict, int]]] = {}
+    for first in range(0, conversations, concurrency):
+        group(min(concurrency, conversations - first), result, changes)
     if counters:
         result.engines = {which: summed(pairs) for which, pairs in changes.items()}
     return result
 
 
+def vllm_result(turns: Turns, *, slo_ms: dict[str, float], percentiles) -> dict:
+    """The requests' figures as `vllm bench serve` computes and names them (its calculate_metrics)."""
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+    from vllm.benchmarks.serve import calculate_metrics
+
+    outputs = [
+        RequestFuncOutput(
+            generated_text=r.text,
+            success=True,
+            latency=r.latency_s,
+            output_tokens=r.output_tokens,
+            ttft=r.ttft_s,
+            itl=r.itl_s,
+            prompt_len=r.prompt_tokens,
+            start_time=r.start_s,
+        )
+        for r in turns.requests
+    ]
+    inputs = [SampleRequest(prompt="", prompt_len=r.prompt_tokens) for r in turns.requests]
+    metrics, _ = calculate_metrics(inputs, outputs, turns.duration_s, None, list(percentiles), slo_ms)
+    result = {
+        "duration": turns.duration_s,
+        "completed": metrics.completed,
+        "failed": metrics.failed,
+        "request_throughput": metrics.request_throughput,
+        "request_goodput": metrics.request_goodput,
+        "output_throughput": metrics.output_throughput,
+        "ttft_by_turn_ms": turns.median_ttft_ms(),
+        "prompt_tokens_by_turn": turns.median_prompt_tokens(),
+    }
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for statistic in ("mean", "median", "std"):
+            result[f"{statistic}_{metric}_ms"] = getattr(metrics, f"{statistic}_{metric}_ms")
+        for p, value in getattr(metrics, f"percentiles_{metric}_ms"):
+            result[f"p{int(p) if int(p) == p else p}_{metric}_ms"] = value
+    return result
+
+
 def report(runs: dict[str, Turns]) -> str:
+    turns = max(t.turns for t in runs.values())
     lines = [
-        "| server | first turn TTFT p50 ms | next turn TTFT p50 ms | next / first | prompt tokens first, next |",
-        "|---|---|---|---|---|",
+        "| server | "
+        + " | ".join(f"{turn_name(i)} TTFT p50 ms" for i in range(turns))
+        + f" | {turn_name(turns - 1)} / {turn_name(0)} | prompt tokens per turn |",
+        "|---|" + "---|" * (turns + 2),
     ]
     for name, t in runs.items():
-        first, nxt = statistics.median(t.first_s) * 1e3, statistics.median(t.next_s) * 1e3
+        ttft = t.median_ttft_ms()
         lines.append(
-            f"| {name} | {first:.1f} | {nxt:.1f} | {nxt / first:.2f}x | "
-            f"{statistics.median(t.first_tokens):.0f}, {statistics.median(t.next_tokens):.0f} |"
+            f"| {name} | "
+            + " | ".join(f"{ms:.1f}" for ms in ttft)
+            + f" | {ttft[-1] / ttft[0]:.2f}x | "
+            + ", ".join(f"{n:.0f}" for n in t.median_prompt_tokens())
+            + " |"
         )
     for name, t in runs.items():
         if not t.engines:
             continue
-        new_tokens = statistics.median(t.next_tokens) - statistics.median(t.first_tokens)
         lines += [
             "",
-            f"{name}: per request, from the engines' counters (the next turn adds {new_tokens:.0f} tokens "
-            "to what its first turn sent, the reply included)",
+            f"{name}: per request, from the engines' counters (each turn resends the one before, its reply "
+            "and a new message)",
             "",
             "| turn | engine | " + " | ".join(COUNTERS) + " | hit rate |",
             "|---|---|" + "---|" * (len(COUNTERS) + 1),
@@ -253,12 +373,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-tokens", type=int, default=1500, help="first turn's prompt (default: 1500)")
     parser.add_argument("--reply-tokens", type=int, default=16, help="tokens each turn generates (default: 16)")
     parser.add_argument("--warmups", type=int, default=2, help="conversations before measuring (default: 2)")
+    parser.add_argument("--turns", type=int, default=2, help="turns of each conversation (default: 2)")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="conversations in flight, each turn sent together (default: 1)"
+    )
+    parser.add_argument(
+        "--system-tokens", type=int, default=0, help="a system prompt every conversation starts with (default: none)"
+    )
+    parser.add_argument(
+        "--message-tokens",
+        type=int,
+        default=0,
+        help=f"each later turn's new message (default: a short question of {len(NEW_MESSAGE)})",
+    )
     args = parser.parse_args(argv)
+    for name in ("conversations", "turns", "concurrency"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     shape = dict(
         conversations=args.conversations,
         history_tokens=args.history_tokens,
         reply_tokens=args.reply_tokens,
         warmups=args.warmups,
+        turns=args.turns,
+        concurrency=args.concurrency,
+        system_tokens=args.system_tokens,
+        message_tokens=args.message_tokens,
     )
     if args.two_replicas_of and not args.local:
         parser.error("--two-replicas-of starts local servers: add --local")

@@ -15,11 +15,13 @@ import datetime as dt
 import json
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cmdline import ArgumentParser
 from planner.simulate import LATENCY_METRICS, REPORTED_PERCENTILES, statistic_names
@@ -53,14 +55,50 @@ class Workload(BaseModel):
     )
     output_len: int = Field(ge=1, description="Mean output length in tokens.")
     range_ratio: float = Field(ge=0, lt=1, description="Uniform spread of both lengths (±ratio).")
-    num_prompts: int = Field(ge=1, description="Requests per concurrency level.")
+    num_prompts: int = Field(ge=1, description="Requests per concurrency level; conversations, with turns.")
     concurrency: list[int] = Field(min_length=1, description="Concurrency levels to sweep.")
     slo: Slo = Field(description="The SLO that defines goodput.")
+    turns: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Turns of each conversation. Above 1, every later turn resends the whole history with the model's "
+            "reply and a new message of followup_len tokens (bench/next_turn.py drives it: vLLM's bench serve "
+            "sends no reply back); prefix_len is then the system prompt all conversations share and input_len "
+            "each conversation's own task."
+        ),
+    )
+    followup_len: int = Field(default=0, ge=0, description="Tokens of each later turn's new message.")
+
+    @model_validator(mode="after")
+    def _turns_and_their_messages_go_together(self) -> Workload:
+        if self.turns > 1 and self.followup_len == 0:
+            raise ValueError(f"{self.name}: turns is {self.turns} but followup_len is 0: set followup_len")
+        if self.turns == 1 and self.followup_len:
+            raise ValueError(f"{self.name}: followup_len is set but turns is 1: set turns above 1 or drop followup_len")
+        if self.turns > 1 and self.range_ratio:
+            raise ValueError(
+                f"{self.name}: range_ratio is {self.range_ratio} but conversations (turns > 1) have fixed lengths: "
+                "set range_ratio: 0"
+            )
+        return self
+
+    @property
+    def repeated(self) -> bool:
+        """Whether its requests repeat earlier input, for each engine's prefix cache to serve."""
+        return self.turns > 1 or self.prefix_len > 0
 
 
 def load_workloads(path: Path = WORKLOADS_FILE) -> dict[str, Workload]:
-    data = yaml.safe_load(path.read_text())
-    return {name: Workload(name=name, **body) for name, body in data.items()}
+    workloads = {}
+    for name, body in yaml.safe_load(path.read_text()).items():
+        try:
+            workloads[name] = Workload(name=name, **body)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in (name, *first["loc"]))
+            raise SystemExit(f"{path.name}: {field}: {first['msg']}") from None
+    return workloads
 
 
 def workload_named(name: str) -> Workload:
@@ -160,6 +198,12 @@ class Row:
     output_throughput: float
     goodput: float
     latency_ms: dict[str, float]  # vLLM's names: "mean_ttft_ms", "median_itl_ms", "p99_tpot_ms" -> ms
+    # Repeated workloads: the median TTFT of each turn index (one for single requests), and per phase
+    # the engines' prefix-cache token counters over the level ({phase: {"queries": n, "hits": n}}),
+    # or None where the endpoint's metrics were not read (prefix_cache_note says why).
+    ttft_by_turn_ms: tuple[float, ...] = ()
+    prefix_cache: dict[str, dict[str, float]] | None = None
+    prefix_cache_note: str = ""
 
 
 def row_from_result(label: str, concurrency: int, result: dict) -> Row:
@@ -173,26 +217,114 @@ def row_from_result(label: str, concurrency: int, result: dict) -> Row:
         output_throughput=float(result.get("output_throughput") or 0.0),
         goodput=float(result.get("request_goodput") or 0.0),
         latency_ms=latency,
+        ttft_by_turn_ms=tuple(result.get("ttft_by_turn_ms") or [float(result.get("median_ttft_ms") or 0.0)]),
     )
 
 
-def run_workload(*, url: str, model: str, tokenizer: str, workload: Workload, out_dir: Path, label: str) -> list[Row]:
+def run_conversations(
+    *, url: str, model: str, tokenizer: str, workload: Workload, concurrency: int, out_dir: Path, label: str
+) -> dict:
+    """A multi-turn workload at one concurrency, as `vllm bench serve` would report it, saved beside its runs."""
+    from bench.next_turn import converse, vllm_result
+
+    tok = None
+    if model != "tiny-llama":  # the tiny model's tokenizer is byte level: its prompts are counted in characters
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    turns = converse(
+        server_root(url) + "/v1",
+        model,
+        conversations=workload.num_prompts,
+        history_tokens=workload.input_len,
+        reply_tokens=workload.output_len,
+        warmups=1,
+        turns=workload.turns,
+        concurrency=concurrency,
+        system_tokens=workload.prefix_len,
+        message_tokens=workload.followup_len,
+        tokenizer=tok,
+    )
+    slo = {"ttft": workload.slo.ttft_ms, "tpot": workload.slo.tpot_ms}
+    result = vllm_result(turns, slo_ms=slo, percentiles=PERCENTILES)
+    (out_dir / f"{label}-{workload.name}-c{concurrency}.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def cache_by_phase(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """{phase: {"queries": tokens, "hits": tokens}} of the engines' prefix caches between two snapshots."""
+    from bench.next_turn import per_request
+
+    return {
+        phase: {"queries": row["cache queries"], "hits": row["cache hits"]}
+        for phase, row in per_request(before, after, 1).items()
+    }
+
+
+PREFIX_CACHE_QUERIES = "ray_vllm_prefix_cache_queries_total"
+
+
+def serve_replica_deployments(samples) -> dict[str, str]:
+    """Replica id -> deployment, from Ray Serve's own replica metrics (vLLM labels an engine's
+    counters with its replica id only)."""
+    return {
+        s.labels["replica"]: s.labels["deployment"]
+        for s in samples
+        if s.name.startswith("ray_serve_") and "replica" in s.labels and "deployment" in s.labels
+    }
+
+
+def metrics_counters(metrics_url: str | None) -> tuple[Callable[[], dict] | None, str]:
+    """A settled snapshot of the engines' counters at an endpoint's Ray metrics URL, or why there is none."""
+    if not metrics_url:
+        return None, "no metrics URL given (the cluster's Ray metrics, e.g. http://<node>:8080/metrics)"
+    from local.metrics import engine_counters, scrape, settled
+
+    def snapshot() -> dict:
+        samples = scrape(metrics_url)
+        return engine_counters(samples, serve_replica_deployments(samples))
+
+    try:
+        first = snapshot()
+    except (OSError, ValueError) as error:
+        return None, f"{metrics_url} did not answer ({error})"
+    if not any(name == PREFIX_CACHE_QUERIES for _, name, _ in first):
+        return None, f"{metrics_url} exports no {PREFIX_CACHE_QUERIES}"
+    return (lambda: settled(snapshot, 1.5, 30)), ""
+
+
+def run_workload(
+    *,
+    url: str,
+    model: str,
+    tokenizer: str,
+    workload: Workload,
+    out_dir: Path,
+    label: str,
+    counters: Callable[[], dict] | None = None,
+    counters_note: str = "",
+) -> list[Row]:
+    """Each concurrency level of ``workload``; ``counters`` (a settled snapshot of the engines'
+    counters) adds each level's prefix-cache hits, else ``counters_note`` says why they are missing."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for concurrency in workload.concurrency:
         print(f"[bench] {label}: {workload.name} at concurrency {concurrency}", flush=True)
-        result = run_one(
-            bench_args(
-                url=url,
-                model=model,
-                tokenizer=tokenizer,
-                workload=workload,
-                concurrency=concurrency,
-                out_dir=out_dir,
-                label=label,
-            )
+        before = counters() if counters else {}
+        shape: dict[str, Any] = dict(
+            url=url,
+            model=model,
+            tokenizer=tokenizer,
+            workload=workload,
+            concurrency=concurrency,
+            out_dir=out_dir,
+            label=label,
         )
-        rows.append(row_from_result(label, concurrency, result))
+        result = run_conversations(**shape) if workload.turns > 1 else run_one(bench_args(**shape))
+        row = row_from_result(label, concurrency, result)
+        if counters:
+            row = replace(row, prefix_cache=cache_by_phase(before, counters()))
+        rows.append(replace(row, prefix_cache_note=counters_note))
     return rows
 
 
@@ -213,6 +345,30 @@ def table(rows: list[Row]) -> str:
         ]
         cells += [f"{r.latency_ms[name]:.1f}" for m in LATENCY_METRICS for name in statistic_names(m)]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def hit_rates(row: Row) -> str:
+    """Each phase's prefix-cache hit rate over the row's level: tokens hit / tokens looked up."""
+    if row.prefix_cache is None:
+        return f"not measured: {row.prefix_cache_note or 'no metrics endpoint given'}"
+    rates = [
+        f"{phase} {c['hits'] / c['queries']:.0%} ({c['hits']:.0f} / {c['queries']:.0f})"
+        for phase, c in sorted(row.prefix_cache.items())
+        if c["queries"]
+    ]
+    return ", ".join(rates) or "no engine counted a prefix-cache lookup"
+
+
+def repeated_table(rows: list[Row]) -> str:
+    """Median TTFT of each turn index beside each phase's prefix-cache hit rate, per endpoint and level."""
+    turns = max(len(r.ttft_by_turn_ms) for r in rows)
+    header = ["endpoint", "conc"] + [f"turn {i + 1} TTFT p50 ms" for i in range(turns)]
+    header += ["prefix-cache hit rate (tokens hit / looked up)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        ttft = [f"{ms:.1f}" for ms in r.ttft_by_turn_ms] + ["-"] * (turns - len(r.ttft_by_turn_ms))
+        lines.append("| " + " | ".join([r.label, str(r.concurrency), *ttft, hit_rates(r)]) + " |")
     return "\n".join(lines)
 
 
@@ -244,13 +400,32 @@ def dated_dir(base: Path = RESULTS_DIR, *, now: dt.datetime | None = None) -> Pa
     return base / (now or dt.datetime.now()).strftime("%Y-%m-%d_%H%M%S")
 
 
+def shape_line(workload: Workload) -> str:
+    if workload.turns > 1:
+        return (
+            f"{workload.num_prompts} conversations of {workload.turns} turns per level: a {workload.prefix_len}-token "
+            f"system prompt all share, a {workload.input_len}-token task each, then per turn the "
+            f"{workload.output_len}-token reply and a {workload.followup_len}-token message"
+        )
+    shared = f" after a {workload.prefix_len}-token prefix all share" if workload.prefix_len else ""
+    return (
+        f"{workload.input_len} in{shared} / {workload.output_len} out tokens (±{workload.range_ratio:.0%}), "
+        f"{workload.num_prompts} requests per level"
+    )
+
+
+def repeated_section(rows: list[Row], workload: Workload) -> str:
+    if not workload.repeated:
+        return ""
+    return "\n## Repeated input: TTFT per turn and prefix-cache hit rates\n\n" + repeated_table(rows) + "\n"
+
+
 def write_report(rows: list[Row], out_dir: Path, workload: Workload, extra: str = "") -> Path:
     report = out_dir / "report.md"
     report.write_text(
         f"# {workload.name}: {workload.description}\n\n"
-        f"{workload.input_len} in / {workload.output_len} out tokens (±{workload.range_ratio:.0%}), "
-        f"{workload.num_prompts} requests per level; goodput SLO TTFT ≤ {workload.slo.ttft_ms:g} ms, "
-        f"TPOT ≤ {workload.slo.tpot_ms:g} ms.\n\n{table(rows)}\n{extra}"
+        f"{shape_line(workload)}; goodput SLO TTFT ≤ {workload.slo.ttft_ms:g} ms, "
+        f"TPOT ≤ {workload.slo.tpot_ms:g} ms.\n\n{table(rows)}\n{repeated_section(rows, workload)}{extra}"
     )
     (out_dir / "rows.json").write_text(json.dumps([r.__dict__ for r in rows], indent=2))
     return report
@@ -268,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workload",
         default="chat",
-        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, tiny (default: chat)",
+        help="preset in bench/workloads.yaml: chat, long-prompt, shared-context-rag, multi-turn-agent, tiny "
+        "(default: chat)",
     )
     parser.add_argument("--model", default="tiny-llama", help="model id served at the URL")
     parser.add_argument("--tokenizer", default=default_tokenizer(), help="tokenizer path or Hugging Face id")
@@ -278,12 +454,25 @@ def main(argv: list[str] | None = None) -> int:
         help="name of this endpoint in the results, e.g. disaggregated or colocated, which is how "
         "calibration.json names its mode (default: endpoint)",
     )
+    parser.add_argument(
+        "--metrics-url",
+        default=None,
+        help="the endpoint's Ray metrics (Prometheus text), for the prefix-cache hit rates of a repeated workload",
+    )
     parser.add_argument("--out", default=None, help="results folder (default results/<date>)")
     args = parser.parse_args(argv)
     workload = workload_named(args.workload)
     out_dir = Path(args.out) if args.out else dated_dir()
+    counters, note = metrics_counters(args.metrics_url) if workload.repeated else (None, "")
     rows = run_workload(
-        url=args.url, model=args.model, tokenizer=args.tokenizer, workload=workload, out_dir=out_dir, label=args.label
+        url=args.url,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        workload=workload,
+        out_dir=out_dir,
+        label=args.label,
+        counters=counters,
+        counters_note=note,
     )
     plot(rows, out_dir / f"{workload.name}.png", f"{workload.name} at {args.url}")
     report = write_report(rows, out_dir, workload)

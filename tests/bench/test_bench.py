@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
+from pathlib import Path
 
 import pytest
 
@@ -208,12 +210,191 @@ def test_next_turn_counts_each_phases_tokens_per_request_from_counter_deltas():
 
     # Two next turns: one hit 1,408 tokens on prefill, one hit nothing; decode pulled 173 each time.
     start, one, two = snapshot(0, 0, 0, 0), snapshot(173, 1408, 173, 1408), snapshot(1754, 1408, 346, 2816)
-    rows = summed([(start, one), (one, two)])
+    rows = summed([(start, one, 1), (one, two, 1)])
     assert rows["Prefill"]["computed"] == (173 + 1581) / 2
     assert rows["Prefill"]["own cache"] == 1408 / 2
     assert rows["Decode"]["over NIXL"] == 173
-    turns = Turns([0.1, 0.1], [0.05, 0.07], [1500, 1500], [1581, 1581], {"next turn": rows})
-    table = report({"P/D": turns})
-    assert "| P/D | 100.0 | 60.0 | 0.60x |" in table
+    # Both next turns between the same two snapshots (two conversations at a time): the same per request.
+    assert summed([(start, two, 2)]) == rows
+    requests = [_request(0, 0.1, 1500), _request(0, 0.1, 1500), _request(1, 0.05, 1581), _request(1, 0.07, 1581)]
+    table = report({"P/D": Turns(requests, {"next turn": rows})})
+    assert "| P/D | 100.0 | 60.0 | 0.60x | 1500, 1581 |" in table
     # Prefill's token hit rate: 1,408 of the 3,162 tokens it was asked about.
     assert f"| {1408 / 3162:.0%} |" in table
+
+
+def _request(turn, ttft_s, prompt_tokens, start_s=0.0, output_tokens=4):
+    from bench.next_turn import Request
+
+    return Request(
+        turn,
+        start_s,
+        ttft_s,
+        ttft_s + 0.03 * (output_tokens - 1),
+        [0.03] * (output_tokens - 1),
+        prompt_tokens,
+        output_tokens,
+        "x" * output_tokens,
+    )
+
+
+def test_the_multi_turn_preset_is_conversations_over_one_system_prompt_that_fit_the_local_server():
+    from bench.compare import LOCAL_SPEC
+    from bench.next_turn import NEW_MESSAGE
+    from serve_app.spec import load_spec
+
+    agent = load_workloads()["multi-turn-agent"]
+    assert agent.turns > 1 and agent.followup_len > 0 and agent.prefix_len > 0 and agent.repeated
+    # The last turn's prompt: system prompt and newline, the task, and per earlier turn its reply,
+    # the "\nUser: " framing and the new message; then its own reply (characters are tokens there).
+    framing = NEW_MESSAGE.index(":") + 2
+    last = (
+        agent.prefix_len + 1 + agent.input_len + (agent.turns - 1) * (agent.output_len + framing + agent.followup_len)
+    )
+    assert last + agent.output_len <= load_spec(str(LOCAL_SPEC)).max_model_len
+    # The single-request presets keep vLLM's generator: only a shared prefix makes one repeated.
+    for workload in load_workloads().values():
+        assert workload.repeated == (workload.turns > 1 or workload.prefix_len > 0)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fix"),
+    [
+        ({"followup_len": 0}, "followup_len", "set followup_len"),
+        ({"turns": 1}, "followup_len", "set turns above 1 or drop followup_len"),
+        ({"range_ratio": 0.25}, "range_ratio", "set range_ratio: 0"),
+    ],
+)
+def test_a_conversation_preset_that_cannot_run_is_refused_in_one_line_naming_field_and_fix(
+    tmp_path, change, field, fix
+):
+    import yaml
+
+    from bench.run import WORKLOADS_FILE
+
+    body = {**yaml.safe_load(WORKLOADS_FILE.read_text())["multi-turn-agent"], **change}
+    path = tmp_path / "workloads.yaml"
+    path.write_text(yaml.safe_dump({"agent": body}))
+    with pytest.raises(SystemExit) as refused:
+        load_workloads(path)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("workloads.yaml: agent") and field in line and fix in line
+
+
+def test_turns_give_each_turn_index_its_median_ttft():
+    from bench.next_turn import Turns
+
+    ttfts = {0: [0.30, 0.10, 0.20], 1: [0.05, 0.07, 0.06], 2: [0.09, 0.04, 0.08]}
+    turns = Turns([_request(i, s, 100 * (i + 1)) for i, values in ttfts.items() for s in values])
+    assert turns.turns == len(ttfts)
+    assert turns.median_ttft_ms() == pytest.approx([sorted(v)[1] * 1e3 for v in ttfts.values()])
+    assert turns.median_prompt_tokens() == [100 * (i + 1) for i in ttfts]
+
+
+def _counters(prefill_queries, prefill_hits, decode_queries, decode_hits):
+    from bench.next_turn import COUNTERS
+
+    queries, hits = COUNTERS["cache queries"][0], COUNTERS["cache hits"][0]
+    return {
+        ("Prefill:m", queries, ""): prefill_queries,
+        ("Prefill:m", hits, ""): prefill_hits,
+        ("Decode:m", queries, ""): decode_queries,
+        ("Decode:m", hits, ""): decode_hits,
+    }
+
+
+def test_the_repeated_report_gives_per_turn_ttft_and_each_phases_hit_rate_from_counter_deltas():
+    from dataclasses import replace
+
+    from bench.run import cache_by_phase, repeated_table
+
+    before, after = _counters(1000, 200, 500, 100), _counters(4162, 2640, 2081, 1508)
+    cache = cache_by_phase(before, after)
+    assert cache["Prefill"] == {"queries": 4162 - 1000, "hits": 2640 - 200}
+    by_turn = [210.0, 90.0, 95.0, 101.0]
+    row = replace(_row("disaggregated", 4, 100.0, 2.0), ttft_by_turn_ms=tuple(by_turn), prefix_cache=cache)
+    unmeasured = replace(_row("colocated", 4, 100.0, 2.0), prefix_cache_note="http://h:8080/metrics did not answer")
+    text = repeated_table([row, unmeasured])
+    assert (
+        "| endpoint | conc | turn 1 TTFT p50 ms | turn 2 TTFT p50 ms | turn 3 TTFT p50 ms | turn 4 TTFT p50 ms |"
+        in text
+    )
+    prefill = f"Prefill {(2640 - 200) / (4162 - 1000):.0%} ({2640 - 200} / {4162 - 1000})"
+    decode = f"Decode {(1508 - 100) / (2081 - 500):.0%}"
+    assert f"| disaggregated | 4 | {' | '.join(f'{ms:.1f}' for ms in by_turn)} | {decode}" in text
+    assert prefill in text
+    # A single-request result (vLLM's) is one turn: its median TTFT; the endpoint that was not read says why.
+    assert "| colocated | 4 | 100.0 | - | - | - | not measured: http://h:8080/metrics did not answer |" in text
+
+
+RECORDED_METRICS = Path(__file__).parent / "data" / "ray-metrics-colocated.prom"
+
+
+def test_hit_rates_of_an_endpoint_are_read_from_its_ray_metrics_or_said_to_be_missing():
+    import http.server
+    import socket
+    import threading
+
+    from bench.run import PREFIX_CACHE_QUERIES, metrics_counters
+
+    # A real server's exposition: vLLM labels the engine's counters with its replica id alone;
+    # Serve's own gauge names the replica's deployment.
+    text = RECORDED_METRICS.read_text()
+    recorded = {
+        line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith("ray_vllm")
+    }
+    engine_replica = re.search(r'ReplicaId="([^"]+)"', text).group(1)
+    deployment = re.search(r'deployment="([^"]+)",[^}]*replica="' + engine_replica + '"', text).group(1)
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = text.encode() if self.path == "/metrics" else b"# nothing\n"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        counters, note = metrics_counters(f"{url}/metrics")
+        assert counters is not None and note == ""
+        snapshot = counters()
+        for metric, value in recorded.items():
+            assert snapshot[(deployment, metric, "")] == value
+        counters, note = metrics_counters(f"{url}/other")
+        assert counters is None and note == f"{url}/other exports no {PREFIX_CACHE_QUERIES}"
+    finally:
+        server.shutdown()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    counters, note = metrics_counters(f"http://127.0.0.1:{port}/metrics")
+    assert counters is None and note.startswith(f"http://127.0.0.1:{port}/metrics did not answer")
+    assert metrics_counters(None)[0] is None
+
+
+@pytest.mark.serving
+def test_conversations_are_reported_by_vllms_own_metrics_with_each_turns_median():
+    import numpy as np
+
+    from bench.next_turn import Turns, vllm_result
+    from bench.run import row_from_result
+
+    requests = [
+        _request(turn, ttft, 1000 + 100 * turn, start_s=start, output_tokens=8)
+        for start, (turn, ttft) in enumerate([(0, 0.4), (0, 0.2), (1, 0.1), (1, 0.3), (2, 0.05), (2, 0.15)])
+    ]
+    turns = Turns(requests)
+    result = vllm_result(turns, slo_ms={"ttft": 250.0, "tpot": 100.0}, percentiles=PERCENTILES)
+    ttfts = [r.ttft_s for r in requests]
+    assert result["median_ttft_ms"] == pytest.approx(np.median(ttfts) * 1e3)
+    assert result[f"p{PERCENTILES[-1]}_ttft_ms"] == pytest.approx(np.percentile(ttfts, PERCENTILES[-1]) * 1e3)
+    assert result["request_throughput"] == pytest.approx(len(requests) / turns.duration_s)
+    assert result["request_goodput"] == pytest.approx(sum(t <= 0.25 for t in ttfts) / turns.duration_s)
+    row = row_from_result("colocated", 2, result)
+    assert row.ttft_by_turn_ms == pytest.approx(tuple(turns.median_ttft_ms()))
+    assert row.latency_ms["median_tpot_ms"] == pytest.approx(30.0)
