@@ -30,6 +30,7 @@ from bench.run import (
     Row,
     dated_dir,
     default_tokenizer,
+    load_workloads,
     metrics_counters,
     plot,
     repeated_section,
@@ -178,6 +179,22 @@ def compare(
     return f"{table(pd_rows + colocated_rows)}\n{repeated}\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
 
+def refuse_what_the_local_servers_cannot_hold(parser: argparse.ArgumentParser, workload_name: str, spec: Path) -> None:
+    """A preset whose requests pass the local servers' context is refused before two servers start
+    for it only to answer every request 400."""
+    from serve_app.spec import load_spec
+
+    workload = workload_named(workload_name)
+    limit = load_spec(str(spec)).max_model_len
+    fitting = [w.name for w in load_workloads().values() if w.longest_request_tokens() <= limit]
+    if workload.longest_request_tokens() > limit:
+        parser.error(
+            f"--workload {workload.name}: its requests reach {workload.longest_request_tokens()} tokens, past the "
+            f"local servers' max_model_len of {limit} ({spec}): pick one of {', '.join(fitting)} with --local, "
+            "or compare two deployments with --pd-url and --colocated-url"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -212,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.local and not (args.pd_url and args.colocated_url):
         parser.error("give --pd-url and --colocated-url, or --local")
+    if args.local:
+        refuse_what_the_local_servers_cannot_hold(parser, args.workload, Path(args.spec) if args.spec else LOCAL_SPEC)
     out_dir = Path(args.out) if args.out else dated_dir()
     print(
         compare(

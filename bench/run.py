@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -82,6 +83,20 @@ class Workload(BaseModel):
                 "set range_ratio: 0"
             )
         return self
+
+    def longest_request_tokens(self) -> int:
+        """The most tokens one request holds, its prompt and its reply: what a server's max_model_len
+        must fit. A conversation's last turn carries the system prompt and its newline, the task, and
+        per earlier turn the reply, the new message and its framing (characters are tokens in the
+        driver's messages, bench/next_turn.py)."""
+        if self.turns == 1:
+            spread = 1 + self.range_ratio
+            return self.prefix_len + math.ceil(self.input_len * spread) + math.ceil(self.output_len * spread)
+        from bench.next_turn import NEW_MESSAGE
+
+        framing = NEW_MESSAGE.index(":") + 2
+        history = self.prefix_len + 1 + self.input_len
+        return history + (self.turns - 1) * (self.output_len + framing + self.followup_len) + self.output_len
 
     @property
     def repeated(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from pathlib import Path
 
@@ -251,6 +252,7 @@ def test_the_multi_turn_preset_is_conversations_over_one_system_prompt_that_fit_
     last = (
         agent.prefix_len + 1 + agent.input_len + (agent.turns - 1) * (agent.output_len + framing + agent.followup_len)
     )
+    assert agent.longest_request_tokens() == last + agent.output_len
     assert last + agent.output_len <= load_spec(str(LOCAL_SPEC)).max_model_len
     # The single-request presets keep vLLM's generator: only a shared prefix makes one repeated.
     for workload in load_workloads().values():
@@ -398,3 +400,30 @@ def test_conversations_are_reported_by_vllms_own_metrics_with_each_turns_median(
     row = row_from_result("colocated", 2, result)
     assert row.ttft_by_turn_ms == pytest.approx(tuple(turns.median_ttft_ms()))
     assert row.latency_ms["median_tpot_ms"] == pytest.approx(30.0)
+
+
+def test_a_preset_longer_than_the_local_servers_context_is_refused_before_they_start(capsys):
+    from bench.compare import LOCAL_SPEC, main
+    from serve_app.spec import load_spec
+
+    limit = load_spec(str(LOCAL_SPEC)).max_model_len
+    workloads = load_workloads()
+    # vLLM's random dataset: the shared prefix, then prompts and replies up to (1 + range_ratio) × their length.
+    longest = {
+        name: w.prefix_len
+        + math.ceil(w.input_len * (1 + w.range_ratio))
+        + math.ceil(w.output_len * (1 + w.range_ratio))
+        for name, w in workloads.items()
+        if w.turns == 1
+    }
+    too_long = sorted(name for name, tokens in longest.items() if tokens > limit)
+    assert too_long, "every single-request preset fits the local servers: this test has nothing to refuse"
+    for name in too_long:
+        assert workloads[name].longest_request_tokens() == longest[name]
+        with pytest.raises(SystemExit) as stopped:
+            main(["--local", "--workload", name])
+        assert stopped.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert f"--workload {name}: its requests reach {longest[name]} tokens" in lines[0]
+        assert f"max_model_len of {limit}" in lines[0] and "tiny" in lines[0]
