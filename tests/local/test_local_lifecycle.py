@@ -329,7 +329,7 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
         assert answer.choices[0].message.content is not None
         # Nothing of the killed run is left; what the new server leaves is checked when it stops.
         assert lifecycle.run_processes(mark) == []
-        assert "shared-memory file(s) they held" in output
+        assert "shared-memory file(s) it created" in output
         assert not [segment for segment in segments if segment.exists()], "the killed run's shared memory is left"
     finally:
         sweep(mark)
