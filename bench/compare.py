@@ -21,9 +21,11 @@ from pathlib import Path
 from bench.calibration import write_calibration
 from bench.run import (
     LATENCY_METRICS,
+    THIRD_PARTY_LOG,
     Row,
     dated_dir,
     default_tokenizer,
+    exit_output_to,
     plot,
     run_workload,
     table,
@@ -159,7 +161,8 @@ def compare(
     return f"{table(pd_rows + colocated_rows)}\n\nDisaggregated / colocated:\n{ratios}\n{ttft}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """``exiting``: as for bench.run's main, what the interpreter's exit prints goes to the log."""
     parser = ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -199,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             pd_min_prompt_tokens=args.pd_min_prompt_tokens,
         )
     )
-    print(f"results in {out_dir}")
+    print(f"results in {out_dir}", flush=True)
+    if exiting:
+        exit_output_to(out_dir / THIRD_PARTY_LOG)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))
