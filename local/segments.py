@@ -169,7 +169,11 @@ class SegmentRecorder:
                     self.recorded.pop(name, None)
                 else:
                     self.recorded[name] = inode
-            write_json(self.record, {"mark": self.mark, "segments": self.recorded})
+            try:
+                self.record.parent.mkdir(parents=True, exist_ok=True)
+                write_json(self.record, {"mark": self.mark, "segments": self.recorded})
+            except OSError:  # the stop still has them; only a kill -9 of the server loses them
+                pass
 
     @staticmethod
     def _others(run_pids: list[int]) -> list[int]:
