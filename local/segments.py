@@ -103,6 +103,9 @@ class SegmentRecorder:
         os.write(self._stop_write, b"x")
         if self._thread is not None:
             self._thread.join(5)
+        if self._thread is None or not self._thread.is_alive():
+            os.close(self._stop_read)
+            os.close(self._stop_write)
 
     def __iter__(self) -> Iterator[Path]:
         """The recorded segments still there (the same file: the same inode)."""
