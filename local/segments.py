@@ -51,11 +51,12 @@ def _inotify(directory: Path) -> int:
     return fd
 
 
-def held_by(inode: int, pids: Iterable[int], directory: Path = lifecycle.SHARED_MEMORY) -> bool:
-    """Whether one of ``pids`` holds the file ``inode`` of ``directory``: an open descriptor or a
+def holders(inode: int, pids: Iterable[int], directory: Path = lifecycle.SHARED_MEMORY) -> Iterator[int]:
+    """Those of ``pids`` that hold the file ``inode`` of ``directory``: an open descriptor or a
     mapping (a semaphore's creator maps it under a temporary name it has unlinked since: by inode)."""
     pids = list(pids)
     prefix = f"{directory}/"
+    by_descriptor = set()
     for pid in pids:
         fd_dir = lifecycle.PROC / str(pid) / "fd"
         try:
@@ -65,10 +66,18 @@ def held_by(inode: int, pids: Iterable[int], directory: Path = lifecycle.SHARED_
         for fd in descriptors:
             try:
                 if os.readlink(fd_dir / fd).startswith(prefix) and os.stat(fd_dir / fd).st_ino == inode:
-                    return True
+                    by_descriptor.add(pid)
+                    yield pid
+                    break
             except OSError:
                 continue
-    return inode in lifecycle.mapped_inodes(pids, directory)
+    for pid in pids:
+        if pid not in by_descriptor and inode in lifecycle.mapped_inodes([pid], directory):
+            yield pid
+
+
+def held_by(inode: int, pids: Iterable[int], directory: Path = lifecycle.SHARED_MEMORY) -> bool:
+    return next(holders(inode, pids, directory), None) is not None
 
 
 class SegmentRecorder:
@@ -150,15 +159,13 @@ class SegmentRecorder:
             if claimed:
                 self._write(claimed)
             others = self._others(run_pids)
-            if attached := [name for name, inode in claimed.items() if held_by(inode, others, self.directory)]:
+            if attached := [name for name, inode in claimed.items() if self._held_outside(inode, others)]:
                 self._write(dict.fromkeys(attached))
             # A file nobody holds yet may be its creator's between open and look; one another holds is theirs.
             pending = [
                 (name, inode)
                 for name, inode in pending
-                if name not in claimed
-                and (self.directory / name).exists()
-                and not held_by(inode, others, self.directory)
+                if name not in claimed and (self.directory / name).exists() and not self._held_outside(inode, others)
             ]
             if not pending:
                 return
@@ -182,6 +189,19 @@ class SegmentRecorder:
     def _others(run_pids: list[int]) -> list[int]:
         mine = set(run_pids)
         return [int(e.name) for e in lifecycle.PROC.iterdir() if e.name.isdigit() and int(e.name) not in mine]
+
+    def _held_outside(self, inode: int, others: list[int]) -> bool:
+        """Whether a process outside the run holds it. Each holder is asked again: one of ``others``
+        may be a process the run started since (a child forked with the creator's descriptors
+        still open, before its exec closes them), which is the run's."""
+        return any(not self._of_run(pid) for pid in holders(inode, others, self.directory))
+
+    def _of_run(self, pid: int) -> bool:
+        server = int(self.mark.partition("-")[0])
+        try:
+            return os.getsid(pid) == server or lifecycle._environ_mark(pid) == self.mark
+        except (ProcessLookupError, PermissionError):  # gone: no longer anyone's holder
+            return True
 
 
 def present(recorded: dict[str, int], directory: Path = lifecycle.SHARED_MEMORY) -> set[Path]:
