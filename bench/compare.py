@@ -27,9 +27,11 @@ from pathlib import Path
 from bench.calibration import write_calibration
 from bench.run import (
     LATENCY_METRICS,
+    THIRD_PARTY_LOG,
     Row,
     dated_dir,
     default_tokenizer,
+    exit_output_to,
     load_workloads,
     metrics_counters,
     plot,
@@ -195,7 +197,8 @@ def refuse_what_the_local_servers_cannot_hold(parser: argparse.ArgumentParser, w
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """``exiting``: as for bench.run's main, what the interpreter's exit prints goes to the log."""
     parser = ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -247,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             colocated_metrics_url=args.colocated_metrics_url,
         )
     )
-    print(f"results in {out_dir}")
+    print(f"results in {out_dir}", flush=True)
+    if exiting:
+        exit_output_to(out_dir / THIRD_PARTY_LOG)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))

@@ -5,7 +5,9 @@
 The load generator is vLLM's `bench serve` (called in-process through its own argument parser):
 it is maintained with the engine we serve, reports TTFT, TPOT and ITL percentiles and goodput
 under an SLO, and needs nothing beyond the serving stack. Results land in a dated folder as the
-raw JSON of each run, a Markdown table and PNG plots.
+raw JSON of each run, a Markdown table and PNG plots. What vLLM's generator prints, and what
+libraries print as the interpreter exits, goes to ``bench.log`` there: the terminal ends with the
+report and where it was written.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,8 @@ from planner.simulate import LATENCY_METRICS, REPORTED_PERCENTILES, statistic_na
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_FILE = Path(__file__).resolve().parent / "workloads.yaml"
 RESULTS_DIR = ROOT / "results"
+# In the results folder: the output of the libraries a run calls (see output_to).
+THIRD_PARTY_LOG = "bench.log"
 # vLLM's result has each metric's mean and median besides these; the advisor (planner/simulate.py)
 # predicts the same statistics under the same names.
 PERCENTILES = REPORTED_PERCENTILES
@@ -203,6 +208,40 @@ def run_one(args: list[str]) -> dict:
     return main(parser.parse_args(args))
 
 
+def _redirect(log: Path) -> tuple[int, int]:
+    """Points this process's stdout and stderr (the file descriptors: C code and child processes
+    write there too) at ``log``; returns the descriptors they had."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(1), os.dup(2)
+    target = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(target, 1)
+    os.dup2(target, 2)
+    os.close(target)
+    return saved
+
+
+@contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """What the block prints goes to ``log``, not the terminal: vLLM's generator prints its own
+    table and tips (termplotlib's) for each run, which the report has in one place."""
+    saved = _redirect(log)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for fd, original in zip((1, 2), saved, strict=True):
+            os.dup2(original, fd)
+            os.close(original)
+
+
+def exit_output_to(log: Path) -> None:
+    """Once the report is printed, what follows goes to ``log``: at interpreter exit triton's
+    nanobind bindings report their leaked objects (some thirty lines on stderr) after the report."""
+    _redirect(log)
+
+
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -335,8 +374,12 @@ def run_workload(
             out_dir=out_dir,
             label=label,
         )
-        result = run_conversations(**shape) if workload.turns > 1 else run_one(bench_args(**shape))
+        with output_to(out_dir / THIRD_PARTY_LOG):
+            result = run_conversations(**shape) if workload.turns > 1 else run_one(bench_args(**shape))
         row = row_from_result(label, concurrency, result)
+        print(
+            f"[bench] {label}: {row.completed} ok, {row.failed} failed, {row.request_throughput:.2f} req/s", flush=True
+        )
         if counters:
             row = replace(row, prefix_cache=cache_by_phase(before, counters()))
         rows.append(replace(row, prefix_cache_note=counters_note))
@@ -450,7 +493,9 @@ def default_tokenizer() -> str:
     return str(ROOT / ".local" / "tiny-llama")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """``exiting``: the process exits after this (``python -m bench.run``), so what the
+    interpreter's exit prints goes to the results folder's log (see exit_output_to)."""
     parser = ArgumentParser(
         prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -495,9 +540,11 @@ def main(argv: list[str] | None = None) -> int:
 
     write_calibration(out_dir, model=args.model, workload=workload, rows=rows)
     print(report.read_text())
-    print(f"results in {out_dir}")
+    print(f"results in {out_dir}", flush=True)
+    if exiting:
+        exit_output_to(out_dir / THIRD_PARTY_LOG)
     return 0 if all(r.failed == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))

@@ -32,7 +32,7 @@ PROC = Path("/proc")
 # Python's resource tracker with it) leaves them until the machine restarts. So do named
 # semaphores (sem.mp-*; tqdm's lock in vLLM's worker is one): the resource tracker that would
 # remove them ignores SIGTERM and dies by SIGKILL with the rest of the run. A stopped run
-# removes those its processes mapped.
+# removes those its processes created (local/segments.py records them as they appear).
 SHARED_MEMORY = Path("/dev/shm")
 # The process that started this one, read as this module is imported (the server imports it
 # before anything slow). Had that process died before, this would be its reaper: the one window
@@ -202,18 +202,16 @@ def stop_processes(
 def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0, shared_memory: Iterable[Path] = ()) -> list[int]:
     """Stops every process of the run ``mark`` and returns once none is left, those that appear
     while it stops (a worker a dying raylet or replica started) included; at ``timeout``, returns
-    those still there. Once none is left, the shared-memory segments its processes mapped (and
-    ``shared_memory``: those mapped by processes that had exited before) are removed."""
+    those still there. Once none is left, ``shared_memory`` (the segments the run created, read
+    then: local/segments.py) is removed, but for any a process outside the run still maps."""
     deadline = time.monotonic() + timeout
-    held = set(shared_memory)
     while True:
         pids = run_processes(mark)
         if not pids:
-            remove_unmapped(held)
+            remove_unmapped(shared_memory)
             return pids
         if time.monotonic() >= deadline:
             return pids
-        held |= shared_memory_of(pids)
         stop_processes(pids, grace=grace, deadline=deadline)
 
 
@@ -223,17 +221,7 @@ def shared_memory_of(pids: Iterable[int]) -> set[Path]:
     Read by inode, not by the path /proc shows: glibc's sem_open creates a semaphore under a
     temporary name, maps it, links it as its real name and unlinks the temporary one, so its
     creator's mapping reads "/dev/shm/sem.XXXXXX (deleted)" for as long as the semaphore lives."""
-    inodes: set[int] = set()
-    prefix = f"{SHARED_MEMORY}/"
-    for pid in pids:
-        try:
-            maps = (PROC / str(pid) / "maps").read_text()
-        except OSError:  # gone, or another user's
-            continue
-        for line in maps.splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(prefix):
-                inodes.add(int(fields[4]))
+    inodes = mapped_inodes(pids)
     if not inodes:
         return set()
     found: set[Path] = set()
@@ -248,6 +236,22 @@ def shared_memory_of(pids: Iterable[int]) -> set[Path]:
         except OSError:  # removed meanwhile
             continue
     return found
+
+
+def mapped_inodes(pids: Iterable[int], directory: Path = SHARED_MEMORY) -> set[int]:
+    """The inodes of the files under ``directory`` that the processes map."""
+    inodes: set[int] = set()
+    prefix = f"{directory}/"
+    for pid in pids:
+        try:
+            maps = (PROC / str(pid) / "maps").read_text()
+        except OSError:  # gone, or another user's
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                inodes.add(int(fields[4]))
+    return inodes
 
 
 def remove_unmapped(segments: Iterable[Path]) -> list[Path]:

@@ -24,9 +24,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from local import lifecycle
+from local import lifecycle, segments
 from local.paths import RUN_RECORD, STATUS_FILE, read_json
 
 SHUTDOWN_SECONDS = 25
@@ -40,9 +41,8 @@ DEADLINE_SECONDS = 20
 
 _signals_seen = 0
 _exiting = threading.Lock()
-# The shared-memory segments the run's processes have mapped so far (see track_shared_memory).
-_shared_memory: set[Path] = set()
-TRACK_SECONDS = 5.0
+# The shared-memory segments the run's processes create, recorded as they appear (track_shared_memory).
+_shared_memory: Iterable[Path] = ()
 
 
 def say(line: str, *, error: bool = False) -> None:
@@ -90,22 +90,14 @@ def _on_signal(signum, _frame):
     stop_now()
 
 
-def track_shared_memory(interval: float = TRACK_SECONDS) -> None:
-    """Notes, every ``interval`` seconds, the shared-memory segments the run's processes map, for
-    the stop to remove. Read only at the stop, they would be missed: a signal to the process group
-    (a terminal's Ctrl-C) reaches Ray's nodes and the engines as it reaches the server, and they
-    can be gone before the server has read anything."""
-
-    def track():
-        while not stopping():
-            _shared_memory.update(lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark())))
-            time.sleep(interval)
-
-    threading.Thread(target=track, name="shared-memory", daemon=True).start()
-
-
-def _run_shared_memory() -> set[Path]:
-    return set(_shared_memory) | lifecycle.shared_memory_of(lifecycle.run_processes(lifecycle.run_mark()))
+def track_shared_memory() -> None:
+    """Records each shared-memory segment a process of the run (this one included) creates, as it
+    is created, for the stop to remove (local/segments.py). Looked for only at the stop, or every
+    few seconds, they would be missed: an engine killed during start-up takes the only mappings of
+    its queues along, and a Ctrl-C reaches every process of the group as it reaches the server."""
+    global _shared_memory
+    mark = lifecycle.run_mark()
+    _shared_memory = segments.SegmentRecorder(mark, lambda: [os.getpid(), *lifecycle.run_processes(mark)]).start()
 
 
 def stopping() -> bool:
@@ -118,6 +110,7 @@ def forget_run() -> None:
     STATUS_FILE.unlink(missing_ok=True)
     if read_json(RUN_RECORD).get("pid") == os.getpid():
         RUN_RECORD.unlink(missing_ok=True)
+    segments.forget(mark=lifecycle.run_mark())
 
 
 def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> None:
@@ -128,7 +121,7 @@ def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> 
     if reason:
         say(reason)
     left = lifecycle.stop_run(
-        lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS, shared_memory=_run_shared_memory()
+        lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS, shared_memory=_shared_memory
     )
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
@@ -178,11 +171,10 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
         except Exception as exc:  # noqa: BLE001 - whatever is left is stopped below
             say(f"clean shutdown failed ({exc}); stopping the run's processes")
 
-    # Read before the clean shutdown stops the engines: what they mapped is gone from /proc after.
-    shared_memory = _run_shared_memory()
     worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
     worker.start()
     worker.join(max(0.0, timeout - STOP_SECONDS))
-    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=shared_memory)
+    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=_shared_memory)
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
+    segments.forget(mark=lifecycle.run_mark())

@@ -68,25 +68,29 @@ def test_prompt_is_computed_locally_without_transfer(server, client):
 
 
 def test_tiny_benchmark_runs_end_to_end(server, tmp_path, bench_rows):
+    """`make bench`'s command as the user runs it: its terminal ends with the report and where it
+    was written; vLLM's own output and what the interpreter's exit prints are in the folder's log."""
     import json
+    import subprocess
+    import sys
 
-    from bench.run import main as bench_main
+    from tests.conftest import ROOT
 
-    code = bench_main(
-        [
-            "--url",
-            server.base_url,
-            "--workload",
-            "tiny",
-            "--model",
-            MODEL,
-            "--label",
-            "colocated",
-            "--out",
-            str(tmp_path),
-        ]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--url", server.base_url, "--workload", "tiny", "--model", MODEL]
+        + ["--label", "colocated", "--out", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
     )
-    assert code == 0
+    assert done.returncode == 0, done.stdout[-4000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert all(r["completed"] == 6 and r["failed"] == 0 for r in rows)
+    report = [line for line in (tmp_path / "report.md").read_text().splitlines() if line]
+    terminal = [line for line in done.stdout.splitlines() if line]
+    assert terminal[-len(report) - 1 :] == [*report, f"results in {tmp_path}"], done.stdout[-4000:]
+    assert "termplotlib" not in done.stdout and "nanobind" not in done.stdout
+    assert "Serving Benchmark Result" in (tmp_path / "bench.log").read_text()
     bench_rows["colocated"] = rows

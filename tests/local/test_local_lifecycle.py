@@ -19,7 +19,7 @@ import pytest
 
 from local import lifecycle
 from local.harness import session_processes
-from local.paths import RUN_DIR, RUN_RECORD
+from local.paths import RUN_DIR, RUN_RECORD, read_json
 from local.ports import port_free, port_holder, sockets_on
 from tests.conftest import ROOT
 from tests.local.conftest import LIVE_SERVERS, openai_client, report_measurement
@@ -329,7 +329,7 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
         assert answer.choices[0].message.content is not None
         # Nothing of the killed run is left; what the new server leaves is checked when it stops.
         assert lifecycle.run_processes(mark) == []
-        assert "shared-memory file(s) they held" in output
+        assert "shared-memory file(s) it created" in output
         assert not [segment for segment in segments if segment.exists()], "the killed run's shared memory is left"
     finally:
         sweep(mark)
@@ -378,3 +378,53 @@ def test_a_replica_that_dies_during_start_up_fails_the_start_with_its_error(tmp_
     assert "Decode:tiny-llama" in named
     assert "first error in its replica log:" in named
     assert session_processes(process.pid) == []
+
+
+def test_an_engine_killed_during_start_up_leaves_none_of_the_runs_shared_memory_once_the_run_stops():
+    """A start of its own: a shared server is handed to its tests only once it is ready, and this
+    kill comes while the engine is still starting. Everything that maps the engine's queues dies
+    at once, as when a group's SIGKILL takes the engine, its worker and Python's resource tracker
+    (which would unlink them) along: nothing that could be read at the stop maps them any more."""
+    with server_process("--mode", "colocated", log_name="engine-killed.log") as process:
+        mark = run_of(process.pid)
+
+        def queues_mapped() -> tuple[list[int], set[Path]] | None:
+            run = lifecycle.run_processes(mark)
+            engines = [p for p in run if lifecycle.command_of(p).startswith("VLLM")]
+            queues = {s for s in lifecycle.shared_memory_of(engines) if s.name.startswith("psm_")}
+            if not queues:
+                return None
+            mapping = [p for p in run if lifecycle.shared_memory_of([p]) & queues]
+            trackers = [p for p in run if "multiprocessing.resource_tracker" in lifecycle.command_of(p)]
+            return sorted(set(engines) | set(mapping) | set(trackers)), queues
+
+        killed, queues = wait_for(queues_mapped, 480, "an engine's queue in shared memory")
+        # At once, but not before the run could have noted them (at most a second; the stop's
+        # look used to come every 5 s): whatever it records, it must have by then.
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline and not {q.name for q in queues} <= set(
+            read_json(RUN_DIR / "shared-memory.json").get("segments", {})
+        ):
+            time.sleep(0.05)
+        for pid in killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert lifecycle.wait_gone(killed, 10) == []
+        assert all(queue.exists() for queue in queues), "the kill left nothing to clean up; this proves nothing"
+        # The server may be failing the start already (a replica died on the way): the same stop.
+        try:
+            os.killpg(process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        code = process.wait(60)
+    remaining = lifecycle.run_processes(mark)
+    sweep(mark)
+    assert remaining == []
+    assert code in (1, 130), (RUN_DIR / "engine-killed.log").read_text()[-3000:]
+    left = sorted(queue.name for queue in queues if queue.exists())
+    for queue in left:  # never left for the next test to find
+        (lifecycle.SHARED_MEMORY / queue).unlink(missing_ok=True)
+    assert not left, f"the engine's queues outlived the run: {left}"
+    report_measurement("engine-killed-during-start-up", {"killed": len(killed), "queues": len(queues)})

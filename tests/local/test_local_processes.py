@@ -15,7 +15,7 @@ from multiprocessing import shared_memory
 
 import pytest
 
-from local import leftovers, lifecycle, ports
+from local import leftovers, lifecycle, ports, segments
 from local.errors import StartupFailure
 from tests.conftest import ROOT
 
@@ -36,24 +36,28 @@ ctypes.CDLL(None).pthread_exit(None)
 """
 
 # A stand-in for a server that a kill -9 stopped: it leads a session, starts HALF_EXITED in it, and
-# is then killed, leaving the session without its leader, as the real leftovers are.
+# is then killed, leaving the session without its leader, as the real leftovers are. Its first
+# line of input goes on to the child (a SEGMENT_HOLDER waits for it).
 STAND_IN_SERVER = """
 import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE)
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+child.stdin.write(sys.stdin.buffer.readline())
+child.stdin.flush()
 child.stdout.readline()
 print(child.pid, flush=True)
 sys.stdin.read()
 """
 
-# A stand-in for an engine: it maps a shared-memory segment it created (its name written to
-# argv[1]) and, given one, a segment someone else created (argv[2]). Python's resource tracker
-# would remove its own segment when it dies: in a stopped run the tracker is killed with the rest,
-# so here it is told to forget both.
+# A stand-in for an engine: once told to go (a line on stdin, naming the segments someone else
+# created that it should map too), it maps a shared-memory segment it created (its name written to
+# argv[1]) and those. Python's resource tracker would remove its own segment when it dies: in a
+# stopped run the tracker is killed with the rest, so here it is told to forget them all.
 SEGMENT_HOLDER = """
 import sys, time
 from multiprocessing import resource_tracker, shared_memory
+others = sys.stdin.readline().split()
 created = shared_memory.SharedMemory(create=True, size=4096)
-attached = [shared_memory.SharedMemory(name=name) for name in sys.argv[2:]]
+attached = [shared_memory.SharedMemory(name=name) for name in others]
 for segment in [created, *attached]:
     resource_tracker.unregister(segment._name, "shared_memory")
 open(sys.argv[1], "w").write(created.name)
@@ -67,6 +71,7 @@ time.sleep(120)
 SEMAPHORE_HOLDER = """
 import multiprocessing, sys, time
 from multiprocessing import resource_tracker
+sys.stdin.readline()
 lock = multiprocessing.get_context("spawn").Lock()
 resource_tracker.unregister(lock._semlock.name, "semaphore")
 open(sys.argv[1], "w").write("sem." + lock._semlock.name.lstrip("/"))
@@ -115,16 +120,41 @@ def half_exited(port: int):
 
 
 @contextmanager
+def recording(process: subprocess.Popen, record, go: str = ""):
+    """The run that ``process`` leads, its segments recorded to ``record`` by the server's own
+    recorder (local/segments.py) from before ``process`` is told to ``go`` on. Yields the recorder."""
+    mark = lifecycle.run_mark(process.pid)
+    recorder = segments.SegmentRecorder(mark, lambda: lifecycle.run_processes(mark), record).start()
+    try:
+        process.stdin.write(f"{go}\n".encode())
+        process.stdin.flush()
+        yield recorder
+    finally:
+        recorder.stop()
+
+
+def recorded(recorder: segments.SegmentRecorder, segment) -> None:
+    """Waits until ``recorder`` has recorded ``segment``: the run is stopped only after that, as a
+    real one is, long after its engines made their queues."""
+    wait_for(lambda: segment in set(recorder), 10, f"the record of {segment.name}")
+
+
+@contextmanager
 def killed_run(tmp_path, monkeypatch, script: str, argument: str, before_the_kill=None):
     """A run whose server a kill -9 stopped: STAND_IN_SERVER starts ``script`` in its session and
-    is killed; the run record the next start reads names it. Yields the leftover's pid."""
+    is killed; the run record and the segment record the next start reads name it. Yields the
+    leftover's pid."""
     stand_in = subprocess.Popen(
         [sys.executable, "-c", STAND_IN_SERVER, script, argument],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
-    left = int(stand_in.stdout.readline())
+    segment_record = tmp_path / "shared-memory.json"
+    with recording(stand_in, segment_record) as recorder:
+        left = int(stand_in.stdout.readline())
+        if script is SEGMENT_HOLDER:
+            wait_for(lambda: recorder.recorded, 10, "the record of the leftover's segment")
     try:
         mark = lifecycle.run_mark(stand_in.pid)
         if before_the_kill is not None:
@@ -134,6 +164,7 @@ def killed_run(tmp_path, monkeypatch, script: str, argument: str, before_the_kil
         record = tmp_path / "run.json"
         record.write_text(f'{{"mark": "{mark}"}}')
         monkeypatch.setattr(leftovers, "RUN_RECORD", record)
+        monkeypatch.setattr(leftovers, "SEGMENTS_RECORD", segment_record, raising=False)
         yield left
     finally:
         kill(left)
@@ -170,20 +201,23 @@ def test_the_next_start_stops_a_half_exited_leftover_and_waits_for_its_port(tmp_
         assert ports.port_free(port)
 
 
-def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others_still_map(tmp_path):
+def test_a_stopped_run_removes_the_shared_memory_it_created_and_keeps_what_others_still_map(tmp_path):
     bystander = shared_memory.SharedMemory(create=True, size=4096)  # this process keeps it mapped
     name_file = tmp_path / "segment"
     run = subprocess.Popen(
-        [sys.executable, "-c", SEGMENT_HOLDER, str(name_file), bystander.name],
+        [sys.executable, "-c", SEGMENT_HOLDER, str(name_file)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
     own = None
     try:
-        assert run.stdout.readline().strip() == b"mapped"
-        own = lifecycle.SHARED_MEMORY / name_file.read_text()
-        assert lifecycle.shared_memory_of([run.pid]) == {own, lifecycle.SHARED_MEMORY / bystander.name}
-        assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15) == []
+        with recording(run, tmp_path / "shared-memory.json", go=bystander.name) as recorder:
+            assert run.stdout.readline().strip() == b"mapped"
+            own = lifecycle.SHARED_MEMORY / name_file.read_text()
+            recorded(recorder, own)
+            assert lifecycle.shared_memory_of([run.pid]) == {own, lifecycle.SHARED_MEMORY / bystander.name}
+            assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15, shared_memory=recorder) == []
         assert not own.exists(), "the run's own segment outlived the run"
         assert (lifecycle.SHARED_MEMORY / bystander.name).exists(), "a segment still in use was removed"
     finally:
@@ -195,22 +229,67 @@ def test_a_stopped_run_removes_the_shared_memory_it_mapped_and_keeps_what_others
             own.unlink(missing_ok=True)
 
 
+@pytest.mark.parametrize("made", ["before", "during"], ids=["made-before-the-run", "made-outside-the-run-while-it-ran"])
+def test_a_segment_the_run_did_not_create_outlives_its_stop_though_only_the_run_mapped_it(made, tmp_path):
+    """The stop removes what the run created: another program's segment that a process of the run
+    mapped stays, though nothing maps it any more once the run is gone."""
+    foreign = shared_memory.SharedMemory(create=True, size=4096) if made == "before" else None
+    name_file = tmp_path / "segment"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SEGMENT_HOLDER, str(name_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    mark = lifecycle.run_mark(run.pid)
+    recorder = segments.SegmentRecorder(mark, lambda: lifecycle.run_processes(mark), tmp_path / "shared-memory.json")
+    own = None
+    try:
+        recorder.start()
+        if foreign is None:
+            foreign = shared_memory.SharedMemory(create=True, size=4096)  # this process, outside the run
+        run.stdin.write(f"{foreign.name}\n".encode())
+        run.stdin.flush()
+        assert run.stdout.readline().strip() == b"mapped"
+        own = lifecycle.SHARED_MEMORY / name_file.read_text()
+        recorded(recorder, own)
+        foreign.close()  # from here on only the run maps it
+        assert lifecycle.SHARED_MEMORY / foreign.name in lifecycle.shared_memory_of([run.pid])
+        assert lifecycle.stop_run(mark, grace=1, timeout=15, shared_memory=recorder) == []
+        assert not own.exists(), "the run's own segment outlived the run"
+        assert (lifecycle.SHARED_MEMORY / foreign.name).exists(), "the stop removed a segment the run did not create"
+    finally:
+        recorder.stop()
+        kill(run.pid)
+        run.wait(10)
+        if foreign is not None:
+            foreign.close()
+            foreign.unlink()
+        if own is not None:
+            own.unlink(missing_ok=True)
+
+
 def test_a_stopped_run_removes_the_named_semaphores_it_created_and_keeps_anothers(tmp_path):
     # This process's own lock: its creator maps it under glibc's temporary name, as the run's does.
     bystander = multiprocessing.get_context("spawn").Lock()
     theirs = lifecycle.SHARED_MEMORY / ("sem." + bystander._semlock.name.lstrip("/"))
     name_file = tmp_path / "semaphore"
     run = subprocess.Popen(
-        [sys.executable, "-c", SEMAPHORE_HOLDER, str(name_file)], stdout=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", SEMAPHORE_HOLDER, str(name_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     )
     own = None
     try:
-        assert run.stdout.readline().strip() == b"holding"
-        own = lifecycle.SHARED_MEMORY / name_file.read_text()
-        assert own.exists() and theirs.exists()
-        assert lifecycle.shared_memory_of([run.pid]) == {own}
-        assert theirs in lifecycle.shared_memory_of([os.getpid()])
-        assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15) == []
+        with recording(run, tmp_path / "shared-memory.json") as recorder:
+            assert run.stdout.readline().strip() == b"holding"
+            own = lifecycle.SHARED_MEMORY / name_file.read_text()
+            recorded(recorder, own)
+            assert own.exists() and theirs.exists()
+            assert lifecycle.shared_memory_of([run.pid]) == {own}
+            assert theirs in lifecycle.shared_memory_of([os.getpid()])
+            assert lifecycle.stop_run(lifecycle.run_mark(run.pid), grace=1, timeout=15, shared_memory=recorder) == []
         assert not own.exists(), "the run's semaphore outlived the run"
         assert theirs.exists(), "a semaphore still in use was removed"
     finally:
@@ -220,14 +299,36 @@ def test_a_stopped_run_removes_the_named_semaphores_it_created_and_keeps_another
             own.unlink(missing_ok=True)
 
 
-def test_the_next_start_removes_the_shared_memory_a_killed_runs_leftovers_held(tmp_path, monkeypatch):
+def test_the_next_start_removes_the_shared_memory_a_killed_run_created(tmp_path, monkeypatch):
     name_file = tmp_path / "segment"
     with killed_run(tmp_path, monkeypatch, SEGMENT_HOLDER, str(name_file)) as left:
         own = lifecycle.SHARED_MEMORY / name_file.read_text()
         try:
             said = []
             assert left in leftovers.sweep(say=said.append)
-            assert said[0].endswith("; removed 1 shared-memory file(s) they held")
+            assert said[0].endswith("; removed 1 shared-memory file(s) it created")
+            assert not own.exists()
+        finally:
+            own.unlink(missing_ok=True)
+
+
+def test_the_next_start_removes_what_a_killed_run_created_though_none_of_its_processes_is_left(tmp_path, monkeypatch):
+    """Every process that mapped the segment died before anyone looked (SIGKILL to them all): only
+    the record, made as it was created, says whose it is."""
+    name_file = tmp_path / "segment"
+    with killed_run(tmp_path, monkeypatch, SEGMENT_HOLDER, str(name_file)) as left:
+        own = lifecycle.SHARED_MEMORY / name_file.read_text()
+        try:
+            # The leftover and its resource tracker (which would unlink a segment it had not forgotten).
+            run = [pid for pid in lifecycle.session_members(os.getsid(left))]
+            assert left in run
+            for pid in run:
+                kill(pid)
+            wait_for(lambda: not any(lifecycle.alive(pid) for pid in run), 10, "the leftovers' exit")
+            assert own.exists()
+            said = []
+            assert leftovers.sweep(say=said.append) == set()
+            assert said == ["removed 1 shared-memory file(s) an earlier local run created and left"]
             assert not own.exists()
         finally:
             own.unlink(missing_ok=True)
