@@ -14,7 +14,8 @@
 
 In every case the server exits only once no process of its run is left (``lifecycle.stop_run``,
 which also stops what the dying processes start meanwhile): a server that exited before its
-processes did would leave them for whoever looks next.
+processes did would leave them for whoever looks next. The stop runs in a process of its own
+(``lifecycle.stop_run_apart``), which finishes it even if Ray ends the server first.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> 
         return
     if reason:
         say(reason)
-    left = lifecycle.stop_run(
+    left = lifecycle.stop_run_apart(
         lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS, shared_memory=_run_shared_memory()
     )
     if left:
@@ -183,6 +184,6 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
     worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
     worker.start()
     worker.join(max(0.0, timeout - STOP_SECONDS))
-    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=shared_memory)
+    left = lifecycle.stop_run_apart(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=shared_memory)
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
