@@ -370,10 +370,10 @@ print("up", flush=True)
 time.sleep(120)
 """
 
-# A stand-in for the server as Ray's driver: it marks its run and starts RAYLET, and exits at once
-# (Ray's core worker, QuickExit) once that raylet's connection fails and its own parent is gone
-# (Ray's test of "is the raylet alive" in a driver is getppid() != 1). It watches its parent as the
-# server does; the stop that the parent's death starts kills the raylet first.
+# A stand-in for the server as Ray's driver: it marks its run, starts RAYLET, watches its parent as
+# the server does, and exits at once when the raylet's connection fails, as Ray's core worker does
+# (QuickExit) in a driver whose parent is gone (ShutdownIfLocalRayletDisconnected takes getppid() == 1
+# for a dead raylet). So the stop its parent's death starts ends it with its first SIGTERM.
 DRIVER = """
 import os, subprocess, sys, threading
 from pathlib import Path
@@ -405,6 +405,14 @@ time.sleep(120)
 """
 
 
+def stoppers(mark: str) -> list[int]:
+    return [
+        int(entry.name)
+        for entry in lifecycle.PROC.iterdir()
+        if entry.name.isdigit() and f"local.lifecycle stop {mark} " in lifecycle.command_of(int(entry.name))
+    ]
+
+
 def test_the_run_is_stopped_even_when_the_server_dies_before_its_stop_is_done(tmp_path):
     """Ray's driver exits with its raylet, and the raylet dies of the very stop the server started
     when its parent died: whatever the raylet started meanwhile is stopped all the same."""
@@ -417,7 +425,7 @@ def test_the_run_is_stopped_even_when_the_server_dies_before_its_stop_is_done(tm
     mark = starter.stdout.readline().decode().strip()
     server = int(mark.partition("-")[0])
     try:
-        assert lifecycle.server_alive(mark) and len(lifecycle.run_processes(mark)) == 2  # the server and its raylet
+        assert lifecycle.server_alive(mark) and len(lifecycle.run_processes(mark)) == 2  # the server, its raylet
         kill(starter.pid)
         starter.wait(10)
         wait_for(lambda: not lifecycle.alive(server), 10, "the server's exit")
@@ -426,6 +434,7 @@ def test_the_run_is_stopped_even_when_the_server_dies_before_its_stop_is_done(tm
         while (left := lifecycle.run_processes(mark)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == [], [lifecycle.command_of(pid) for pid in left]
+        wait_for(lambda: not stoppers(mark), 10, "the stopping process's exit")
     finally:
         kill(starter.pid)
         starter.wait(10)
