@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_MARKER = "PD_SERVING_LOCAL_RUN"
+# The checkout, where ``python -m local.lifecycle`` finds this module.
+_ROOT = Path(__file__).resolve().parent.parent
+# What the process that stops a run (stop_run_apart) may take to start, beyond its timeout.
+STOPPER_START_SECONDS = 10.0
 PROC = Path("/proc")
 # POSIX shared memory (shm_open) lives here as files, and outlives every process that mapped it
 # until someone unlinks it. vLLM's message queues between an engine and its workers are such
@@ -199,20 +205,66 @@ def stop_processes(
     return [pid for pid in pids if alive(pid)]
 
 
-def stop_run(mark: str, grace: float = 3.0, timeout: float = 15.0, shared_memory: Iterable[Path] = ()) -> list[int]:
-    """Stops every process of the run ``mark`` and returns once none is left, those that appear
-    while it stops (a worker a dying raylet or replica started) included; at ``timeout``, returns
-    those still there. Once none is left, ``shared_memory`` (the segments the run created, read
-    then: local/segments.py) is removed, but for any a process outside the run still maps."""
+def stop_run(
+    mark: str,
+    grace: float = 3.0,
+    timeout: float = 15.0,
+    shared_memory: Iterable[Path] = (),
+    spare: Iterable[int] = (),
+) -> list[int]:
+    """Stops every process of the run ``mark`` but ``spare`` and returns once none is left, those
+    that appear while it stops (a worker a dying raylet or replica started) included; at ``timeout``,
+    kills those found last and returns those still there. Once none is left, ``shared_memory`` (the
+    segments the run created, read then: local/segments.py) is removed, but for any a process
+    outside the run still maps."""
     deadline = time.monotonic() + timeout
+    spared = set(spare)
     while True:
-        pids = run_processes(mark)
+        pids = [pid for pid in run_processes(mark) if pid not in spared]
         if not pids:
             remove_unmapped(shared_memory)
             return pids
         if time.monotonic() >= deadline:
-            return pids
+            # Found after the last round (started meanwhile): not left without a signal.
+            return stop_processes(pids, grace=0, kill_wait=1.0)
         stop_processes(pids, grace=grace, deadline=deadline)
+
+
+def stop_run_apart(
+    mark: str, grace: float = 3.0, timeout: float = 15.0, shared_memory: Iterable[Path] = ()
+) -> list[int]:
+    """:func:`stop_run`, done by a process of its own that is no part of the run (a session of its
+    own, no run mark) and outlives this one if need be; waits for it and returns what it left.
+
+    The server cannot count on finishing a stop itself: it is Ray's driver, and Ray's core worker
+    ends its process at once (QuickExit) when a call to the raylet fails and the raylet is dead, or,
+    where the driver does not know the raylet's pid, when the driver's parent is (getppid() == 1:
+    ShutdownIfLocalRayletDisconnected in src/ray/raylet_ipc_client/raylet_ipc_client.cc). Once the
+    process that started the server has died, the stop's own SIGTERM to the raylet is enough; the
+    raylet, shutting down, still starts the workers it had been asked for, and a server that died
+    before its next round left them running, in its session and carrying its mark, with nobody
+    left to stop them. The server is spared by that process: it exits by itself once the stop is done.
+    """
+    held = sorted(str(path) for path in shared_memory)
+    environment = {name: value for name, value in os.environ.items() if name != RUN_MARKER}
+    command = [sys.executable, "-m", "local.lifecycle", "stop"]
+    command += [mark, str(os.getpid()), str(grace), str(timeout), *held]
+    try:
+        stopper = subprocess.Popen(
+            command,
+            cwd=_ROOT,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError:
+        return stop_run(mark, grace=grace, timeout=timeout, shared_memory=shared_memory)
+    try:
+        reported, _ = stopper.communicate(timeout=timeout + STOPPER_START_SECONDS)
+        return [int(pid) for pid in reported.split()]
+    except (subprocess.TimeoutExpired, ValueError):
+        return run_processes(mark)
 
 
 def shared_memory_of(pids: Iterable[int]) -> set[Path]:
@@ -372,3 +424,19 @@ def watch_parent(
     _set_parent_death_signal(PARENT_DEATH_SIGNAL)
     # Started after the signal was asked for: a parent that died before is seen by its first check.
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _stop_from_outside(argv: list[str]) -> int:
+    """``python -m local.lifecycle stop MARK SPARED_PID GRACE TIMEOUT [SHARED_MEMORY...]``: what
+    :func:`stop_run_apart` runs. Writes the pids it could not stop to stdout, if anyone still reads."""
+    _, mark, spared, grace, timeout, *held = argv
+    left = stop_run(mark, float(grace), float(timeout), [Path(path) for path in held], spare=[int(spared)])
+    try:
+        print(" ".join(map(str, left)), flush=True)
+    except OSError:  # the server is gone (the run is stopped all the same): no complaint at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_stop_from_outside(sys.argv[1:]))

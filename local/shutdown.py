@@ -14,7 +14,8 @@
 
 In every case the server exits only once no process of its run is left (``lifecycle.stop_run``,
 which also stops what the dying processes start meanwhile): a server that exited before its
-processes did would leave them for whoever looks next.
+processes did would leave them for whoever looks next. The stop runs in a process of its own
+(``lifecycle.stop_run_apart``), which finishes it even if Ray ends the server first.
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ def forget_run() -> None:
     segments.forget(mark=lifecycle.run_mark())
 
 
+def remove_late_segments() -> None:
+    """The stopping process was given the segments recorded when it started; one the run created
+    while it stopped is in the record by now, and is removed here, before the record is forgotten."""
+    lifecycle.remove_unmapped(_shared_memory)
+
+
 def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> None:
     """Stops every process of the run (SIGKILL after ``grace`` seconds), then exits with ``code``,
     once they are gone. Only the first caller does it (the others return and let it)."""
@@ -120,9 +127,10 @@ def stop_now(code: int = 130, grace: float = 0.0, reason: str | None = None) -> 
         return
     if reason:
         say(reason)
-    left = lifecycle.stop_run(
+    left = lifecycle.stop_run_apart(
         lifecycle.run_mark(), grace=grace, timeout=grace + STOP_SECONDS, shared_memory=_shared_memory
     )
+    remove_late_segments()
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
     forget_run()
@@ -174,7 +182,8 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
     worker = threading.Thread(target=graceful, name="graceful-shutdown", daemon=True)
     worker.start()
     worker.join(max(0.0, timeout - STOP_SECONDS))
-    left = lifecycle.stop_run(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=_shared_memory)
+    left = lifecycle.stop_run_apart(lifecycle.run_mark(), grace=3, timeout=STOP_SECONDS, shared_memory=_shared_memory)
+    remove_late_segments()
     if left:
         say(f"{len(left)} process(es) of the run did not exit: {', '.join(map(str, left))}", error=True)
     segments.forget(mark=lifecycle.run_mark())

@@ -447,3 +447,96 @@ def test_ctrl_c_stops_the_run_by_its_deadline_even_while_the_main_thread_is_held
     assert code == 130, output
     assert "did not finish within 2" in output
     assert 2 <= stopped_after < 30
+
+
+# --- a stop that its own process does not live to finish --------------------------------------
+
+# A stand-in for Ray's raylet: told to stop (SIGTERM), it still starts the two workers it had been
+# asked for, closes its driver's connection, and exits a moment later, as a raylet mid-start does.
+RAYLET = """
+import os, signal, sys, time
+connection = int(sys.argv[1])
+def shut_down(*_):
+    for _ in range(2):
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.close(connection)
+            time.sleep(120)
+            os._exit(0)
+    os.close(connection)
+    time.sleep(0.5)
+    os._exit(0)
+signal.signal(signal.SIGTERM, shut_down)
+print("up", flush=True)
+time.sleep(120)
+"""
+
+# A stand-in for the server as Ray's driver: it marks its run, starts RAYLET, watches its parent as
+# the server does, and exits at once when the raylet's connection fails, as Ray's core worker does
+# (QuickExit) in a driver whose parent is gone (ShutdownIfLocalRayletDisconnected takes getppid() == 1
+# for a dead raylet). So the stop its parent's death starts ends it with its first SIGTERM.
+DRIVER = """
+import os, subprocess, sys, threading
+from pathlib import Path
+from local import lifecycle, shutdown
+shutdown.STATUS_FILE = Path(sys.argv[2]) / "status.json"
+shutdown.RUN_RECORD = Path(sys.argv[2]) / "run.json"
+os.environ[lifecycle.RUN_MARKER] = lifecycle.run_mark()
+connection, raylet_end = os.pipe()
+raylet = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(raylet_end)], pass_fds=[raylet_end],
+                          stdout=subprocess.PIPE)
+os.close(raylet_end)
+assert raylet.stdout.readline().strip() == b"up"
+
+def core_worker():
+    os.read(connection, 1)
+    os._exit(1)
+
+threading.Thread(target=core_worker, daemon=True).start()
+lifecycle.watch_parent(lifecycle.STARTED_BY, shutdown.parent_gone)
+print(lifecycle.run_mark(), flush=True)
+threading.Event().wait()
+"""
+
+STARTER = """
+import subprocess, sys, time
+driver = subprocess.Popen(sys.argv[1:], start_new_session=True, stdout=subprocess.PIPE)
+print(driver.stdout.readline().decode().strip(), flush=True)
+time.sleep(120)
+"""
+
+
+def stoppers(mark: str) -> list[int]:
+    return [
+        int(entry.name)
+        for entry in lifecycle.PROC.iterdir()
+        if entry.name.isdigit() and f"local.lifecycle stop {mark} " in lifecycle.command_of(int(entry.name))
+    ]
+
+
+def test_the_run_is_stopped_even_when_the_server_dies_before_its_stop_is_done(tmp_path):
+    """Ray's driver exits with its raylet, and the raylet dies of the very stop the server started
+    when its parent died: whatever the raylet started meanwhile is stopped all the same."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, sys.executable, "-c", DRIVER, RAYLET, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    mark = starter.stdout.readline().decode().strip()
+    server = int(mark.partition("-")[0])
+    try:
+        assert lifecycle.server_alive(mark) and len(lifecycle.run_processes(mark)) == 2  # the server, its raylet
+        kill(starter.pid)
+        starter.wait(10)
+        wait_for(lambda: not lifecycle.alive(server), 10, "the server's exit")
+        # The raylet's workers get their parent's death as nothing: only the stop ends them.
+        deadline = time.monotonic() + 15
+        while (left := lifecycle.run_processes(mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], [lifecycle.command_of(pid) for pid in left]
+        wait_for(lambda: not stoppers(mark), 10, "the stopping process's exit")
+    finally:
+        kill(starter.pid)
+        starter.wait(10)
+        lifecycle.stop_run(mark, grace=0, timeout=10)
