@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cmdline import ArgumentParser
+from local.metrics import PREFIX_CACHE_QUERIES
 from planner.simulate import LATENCY_METRICS, REPORTED_PERCENTILES, statistic_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,24 +316,11 @@ def cache_by_phase(before: dict, after: dict) -> dict[str, dict[str, float]]:
     }
 
 
-PREFIX_CACHE_QUERIES = "ray_vllm_prefix_cache_queries_total"
-
-
-def serve_replica_deployments(samples) -> dict[str, str]:
-    """Replica id -> deployment, from Ray Serve's own replica metrics (vLLM labels an engine's
-    counters with its replica id only)."""
-    return {
-        s.labels["replica"]: s.labels["deployment"]
-        for s in samples
-        if s.name.startswith("ray_serve_") and "replica" in s.labels and "deployment" in s.labels
-    }
-
-
 def metrics_counters(metrics_url: str | None) -> tuple[Callable[[], dict] | None, str]:
     """A settled snapshot of the engines' counters at an endpoint's Ray metrics URL, or why there is none."""
     if not metrics_url:
         return None, "no metrics URL given (the cluster's Ray metrics, e.g. http://<node>:8080/metrics)"
-    from local.metrics import engine_counters, scrape, settled
+    from local.metrics import engine_counters, scrape, serve_replica_deployments, settled
 
     def snapshot() -> dict:
         samples = scrape(metrics_url)

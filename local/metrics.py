@@ -60,6 +60,16 @@ def replica_of(sample: Sample) -> str:
     return "?"
 
 
+def serve_replica_deployments(samples: list[Sample]) -> dict[str, str]:
+    """Replica id -> deployment, from Ray Serve's own replica metrics (vLLM labels an engine's
+    counters with its replica id only)."""
+    return {
+        s.labels["replica"]: s.labels["deployment"]
+        for s in samples
+        if s.name.startswith("ray_serve_") and "replica" in s.labels and "deployment" in s.labels
+    }
+
+
 def deployment_of(sample: Sample, replicas: dict[str, str]) -> str:
     """The deployment of the replica that exported ``sample`` (``replicas``: replica id to deployment)."""
     replica = replica_of(sample)
