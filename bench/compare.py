@@ -186,12 +186,12 @@ def refuse_what_the_local_servers_cannot_hold(parser: argparse.ArgumentParser, w
     for it only to answer every request 400."""
     from serve_app.spec import load_spec
 
-    workload = workload_named(workload_name)
+    needed = workload_named(workload_name).longest_request_tokens()
     limit = load_spec(str(spec)).max_model_len
-    fitting = [w.name for w in load_workloads().values() if w.longest_request_tokens() <= limit]
-    if workload.longest_request_tokens() > limit:
+    if needed > limit:
+        fitting = [w.name for w in load_workloads().values() if w.longest_request_tokens() <= limit]
         parser.error(
-            f"--workload {workload.name}: its requests reach {workload.longest_request_tokens()} tokens, past the "
+            f"--workload {workload_name}: its requests reach {needed} tokens, past the "
             f"local servers' max_model_len of {limit} ({spec}): pick one of {', '.join(fitting)} with --local, "
             "or compare two deployments with --pd-url and --colocated-url"
         )
