@@ -2,7 +2,13 @@
 ENV ?= dev
 CONFIG ?= config/$(ENV).yaml
 OUTDIR ?= cdk.out
-PYTHON ?= python3
+# The venv is made with the serving image's Python (config/versions.py, SERVING_IMAGE_PYTHON_VERSION):
+# python3.13 on the PATH, else pyenv's 3.13; PYTHON=… picks another (python -m config.serve_lock notes it).
+IMAGE_PYTHON := 3.13
+PYTHON ?= $(or $(shell for p in python$(IMAGE_PYTHON) $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(IMAGE_PYTHON).*/bin/python$(IMAGE_PYTHON); do \
+  "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done),$(error make needs Python $(IMAGE_PYTHON), the serving image's: install it (pyenv install $(IMAGE_PYTHON), or your distribution's python$(IMAGE_PYTHON)), or name another with PYTHON=python3.x))
+# checkov and network-config-analyzer are locked for Python 3.11 in venvs of their own.
+TOOLS_PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
@@ -46,9 +52,6 @@ PLAN_ARGS ?=
 WORKLOAD ?= chat
 MODEL ?= tiny-llama
 TOKENIZER ?= $(abspath .local/tiny-llama)
-# vLLM's CPU build needs PyTorch's CPU wheel, which PyPI does not serve.
-TORCH_CPU := torch==2.13.0+cpu
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 # jsii runs on Node 20 here; its end-of-life banner would bury the output.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -75,8 +78,11 @@ help:
 	@echo "make test-consumers                           the tests that run the CDK CLI, checkov, cfn-guard, Helm, Kubernetes' schemas"
 	@echo "make test                                     install everything and run every test"
 
+# A venv of another Python than PYTHON (one made before the image's Python was the venv's) is made again.
+PY_MINOR := import sys; print(*sys.version_info[:2], sep=".")
 $(VENV)/.runtime: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) && test "$$($(PY) -c '$(PY_MINOR)')" = "$$($(PYTHON) -c '$(PY_MINOR)')" \
+	  || { test ! -e $(VENV) || echo "$(VENV) is not $(PYTHON)'s Python: making it again"; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
@@ -84,21 +90,21 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-# The serving stack is a full lock installed without the resolver. The CPU torch wheel comes first:
-# from a local wheelhouse if pip already knows one, else from PyTorch's CPU index.
-$(VENV)/.serve: requirements-serve.txt $(VENV)/.dev
-	$(PY) -m pip install -q --no-deps --no-index $(TORCH_CPU) 2>/dev/null \
-	  || $(PY) -m pip install -q --no-deps --extra-index-url $(TORCH_INDEX_URL) $(TORCH_CPU)
+# The serving stack is the image's (config/versions.py), a full lock installed without the resolver;
+# a lock that disagrees with the image's versions stops here in one line per distribution.
+$(VENV)/.serve: requirements-serve.txt config/versions.py $(VENV)/.dev
+	$(PY) -m config.serve_lock --requirements requirements-serve.txt
 	$(PY) -m pip install -q --no-deps -r requirements-serve.txt
+	$(PY) -m config.serve_lock --installed
 	touch $@
 
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
-	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	test -x $(CHECKOV_VENV)/bin/python || $(TOOLS_PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install -q --no-deps -r requirements-checkov.txt
 	touch $@
 
 $(NCA_VENV)/.installed: requirements-nca.txt
-	test -x $(NCA_VENV)/bin/python || $(PYTHON) -m venv $(NCA_VENV)
+	test -x $(NCA_VENV)/bin/python || $(TOOLS_PYTHON) -m venv $(NCA_VENV)
 	$(NCA_VENV)/bin/pip install -q --no-deps -r requirements-nca.txt
 	touch $@
 

