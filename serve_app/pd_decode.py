@@ -24,6 +24,23 @@ one token is never shown to the client (decode computes the first token again fr
 so :class:`OneTokenPrefill` fits those fields to that one token on the prefill request only; decode
 runs the client's request as sent.
 
+Some requests cannot be split between the two engines, whatever the prompt's length, so every decode
+class here runs them whole on decode's own engine (``LLMServer``'s methods, the path selective P/D
+takes for a short prompt), behind one predicate, :func:`whole_on_decode`:
+
+- prompt logprobs (``prompt_logprobs``; ``echo`` with ``logprobs``/``top_logprobs``, which vLLM turns
+  into prompt logprobs): decode loads the prompt's KV and computes only its last token, so there are
+  no prompt logprobs to give. vLLM 0.26, the cluster image's, does not even skip the transfer for
+  them (``v1/core/sched/scheduler.py`` takes the connector's count although ``prompt_logprobs`` sets
+  ``skip_reading_prefix_cache``; fixed upstream in 0.32): chat answers ``[null]`` or garbage,
+  completions with ``echo`` and ``logprobs`` answer 500, and on the V1 model runner the detokenizer's
+  OverflowError kills decode's engine.
+- ``n > 1``: prefill computes the prompt once per child and hands decode one child's KV; the others
+  stay pinned on prefill for NIXL's lease (30 s), and every decode child pulls the same remote blocks,
+  which prefill frees after the first read.
+- beam search (``use_beam_search``): vLLM's beam search builds its own sampling parameters without
+  ``kv_transfer_params``, so decode computes the whole prompt anyway and prefill's work is wasted.
+
 Ray's ``build_pd_openai_app`` picks its decode class by two module-level names of its builder
 (``PDDecodeServer``; ``DPPDDecodeServer`` with data parallelism). :func:`build_pd_app` swaps those
 names for the time of the call; everything else (prefill, ingress, options) is Ray's own code.
@@ -38,6 +55,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import DPPDDecodeServer, PDDecodeServer
 
@@ -70,6 +88,26 @@ def pd_refusal(request: Any) -> tuple[str, str] | None:
     return None
 
 
+def whole_on_decode(request: Any) -> str | None:
+    """The field of ``request`` that keeps it from being split between prefill and decode, or None.
+
+    Read through vLLM's own conversion of the request (``to_sampling_params``), so that whatever vLLM
+    turns into prompt logprobs or several sequences (``echo`` with ``logprobs`` in completions, with
+    ``top_logprobs`` in chat) counts, as the engine will see it."""
+    if getattr(request, "use_beam_search", False):
+        return "use_beam_search"
+    try:
+        params = request.to_sampling_params(1, {})
+    except ValueError:
+        # A request vLLM refuses: either path answers it with vLLM's own 400.
+        return None
+    if params.prompt_logprobs is not None:
+        return "prompt_logprobs" if getattr(request, "prompt_logprobs", None) is not None else "echo"
+    if params.n > 1:
+        return "n"
+    return None
+
+
 async def _refused(field: str, message: str) -> AsyncIterator[ErrorResponse]:
     yield ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", param=field, code=400))
 
@@ -97,7 +135,8 @@ class OneTokenPrefill:
 
 
 class OneTokenPrefillPDDecodeServer(PDDecodeServer):
-    """Ray's ``PDDecodeServer`` whose prefill requests are valid wherever the client's request is."""
+    """Ray's ``PDDecodeServer`` whose prefill requests are valid wherever the client's request is, and
+    which runs a request that cannot be split (:func:`whole_on_decode`) on its own engine."""
 
     _one_token_prefill: OneTokenPrefill | None = None
 
@@ -106,11 +145,23 @@ class OneTokenPrefillPDDecodeServer(PDDecodeServer):
         refusal = pd_refusal(request)
         return _refused(*refusal) if refusal else None
 
+    async def _serve_here(self, request: Any) -> bool:
+        """Whether decode's own engine serves ``request`` whole, without prefill."""
+        return whole_on_decode(request) is not None
+
     async def chat(self, request, raw_request_info=None):
-        return self._refusal(request) or await super().chat(request, raw_request_info)
+        if refused := self._refusal(request):
+            return refused
+        if await self._serve_here(request):
+            return await LLMServer.chat(self, request, raw_request_info)
+        return await super().chat(request, raw_request_info)
 
     async def completions(self, request, raw_request_info=None):
-        return self._refusal(request) or await super().completions(request, raw_request_info)
+        if refused := self._refusal(request):
+            return refused
+        if await self._serve_here(request):
+            return await LLMServer.completions(self, request, raw_request_info)
+        return await super().completions(request, raw_request_info)
 
     def _get_connector_backend(self) -> Any:
         # Ray's orchestrator and its prewarm shape every prefill request through this backend (the

@@ -9,15 +9,16 @@ run, 50-100 ms). What must be computed is the prompt less what decode's engine a
 conversation's next turn (a long history, a short new message) is a short prefill when decode kept
 the history's KV from the turn before. llm-d's ``prefix-based-pd-decider`` decides the same way
 (non-cached tokens against a threshold). This is a thin layer over Ray Serve LLM's own classes, the
-same in Ray 2.58 (the cluster image) and 2.60 (the tests):
+read at Ray 2.58 (the cluster image's, which the tests run):
 
 - :class:`SelectivePDDecodeServer` is Ray's ``PDDecodeServer`` (decode owns an engine and calls
-  prefill), with its prewarm in the background (``serve_app/pd_decode.py``); its
-  ``chat``/``completions`` tokenize the prompt with decode's own tokenizer, subtract the full KV
-  blocks decode's engine is estimated to hold (:class:`serve_app.prefix_index.PrefixIndex`, fed with
-  every prompt this replica serves) and either run the request on the local engine (``LLMServer``'s
-  methods, no ``kv_transfer_params``: vLLM computes what its cache lacks) or hand it to Ray's P/D
-  orchestration unchanged.
+  prefill), with its prewarm in the background (``serve_app/pd_decode.py``). Its ``_serve_here``,
+  which decode's ``chat``/``completions`` ask, tokenizes the prompt with decode's own tokenizer,
+  subtracts the full KV blocks decode's engine is estimated to hold
+  (:class:`serve_app.prefix_index.PrefixIndex`, fed with every prompt this replica serves) and says
+  whether the request runs on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``:
+  vLLM computes what its cache lacks) or goes to Ray's P/D orchestration unchanged. A request that
+  cannot be split (``serve_app.pd_decode.whole_on_decode``) runs locally whatever its length.
 - :func:`build_selective_pd_app` is Ray's ``build_pd_openai_app`` with that class for decode
   (``serve_app.pd_decode.decode_classes``); everything else (prefill, ingress, options, DP checks) is
   Ray's own code.
@@ -32,7 +33,6 @@ import inspect
 import logging
 from typing import Any
 
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 
 from serve_app.pd_decode import DECODE_CLASS_NAME, BackgroundPrewarmPDDecodeServer, decode_classes
@@ -92,7 +92,8 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
         cached = getattr(self, "_selective_tokenizer", None)
         if cached is not None:
             return cached
-        # vLLM's AsyncLLM: get_tokenizer() is a coroutine in 0.26 and a plain method in 0.32.
+        # vLLM's AsyncLLM.get_tokenizer() (v1/engine/async_llm.py): a plain method in 0.26, the image's;
+        # a coroutine in some releases.
         client = self.engine._engine_client
         tokenizer = client.get_tokenizer()
         if inspect.isawaitable(tokenizer):
@@ -132,19 +133,10 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
         index.add(tokens, salt)
         return remainder < threshold
 
-    async def chat(self, request, raw_request_info=None):
-        if refused := self._refusal(request):
-            return refused
-        if await self._prefill_here(request):
-            return await LLMServer.chat(self, request, raw_request_info)
-        return await super().chat(request, raw_request_info)
-
-    async def completions(self, request, raw_request_info=None):
-        if refused := self._refusal(request):
-            return refused
-        if await self._prefill_here(request):
-            return await LLMServer.completions(self, request, raw_request_info)
-        return await super().completions(request, raw_request_info)
+    async def _serve_here(self, request: Any) -> bool:
+        # The estimate first: it records the prompt, whose blocks decode keeps whichever path runs it.
+        short = await self._prefill_here(request)
+        return short or await super()._serve_here(request)
 
 
 def build_selective_pd_app(pd_serving_args: dict[str, Any]):

@@ -214,6 +214,55 @@ def test_a_next_turn_whose_remainder_decode_lacks_is_short_never_reaches_prefill
     assert counter_delta(between, after, "Decode", NIXL_TRANSFERS) == 0
 
 
+# Requests P/D cannot split run whole on decode, whatever the prompt's length ---------------------
+
+# Each a prompt long enough for remote prefill (the threshold of config/local.yaml is far below it).
+# Their answers equal colocated's (tests/local/test_local_parity.py); here, where they ran.
+WHOLE_ON_DECODE = {
+    "prompt_logprobs": ("completions", {"prompt_logprobs": 2, "max_tokens": 4}),
+    "chat prompt_logprobs": ("chat", {"prompt_logprobs": 1, "max_tokens": 4}),
+    "echo with logprobs": ("completions", {"echo": True, "logprobs": 1, "max_tokens": 0}),
+    "n": ("completions", {"n": 3, "temperature": 1.0, "seed": 3, "max_tokens": 4}),
+    "beam search": ("completions", {"use_beam_search": True, "n": 2, "max_tokens": 4}),
+}
+
+
+def post_json(server, path: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        server.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.parametrize("case", WHOLE_ON_DECODE)
+def test_a_request_that_cannot_be_split_runs_whole_on_decode(server, case):
+    """Prefill sees none of it (it would compute the prompt once per child, hold the others' blocks
+    for NIXL's lease, and give decode no prompt logprobs); decode computes the prompt itself."""
+    kind, fields = WHOLE_ON_DECODE[case]
+    text = unique_prompt(f"whole {case}", 120)
+    body = {"model": MODEL, **fields}
+    body |= {"messages": [{"role": "user", "content": text}]} if kind == "chat" else {"prompt": text}
+    before = server.counters()
+    answer = post_json(server, f"/{kind.replace('chat', 'chat/completions')}", body)
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    assert prompt_tokens > local_threshold()
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute", prompt_tokens)
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") >= prompt_tokens
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
+    assert counter_delta(before, after, "Decode", NIXL_TRANSFERS) == 0
+    assert counter_delta(before, after, "Prefill", PROMPT_TOKENS) == 0
+    assert counter_delta(before, after, "Prefill", FINISHED_REQUESTS) == 0
+    if "prompt_logprobs" in fields:
+        # One entry per prompt token: None for the first, a token's logprobs for each after it.
+        logprobs = answer["prompt_logprobs"] if kind == "chat" else answer["choices"][0]["prompt_logprobs"]
+        assert len(logprobs) == prompt_tokens and logprobs[0] is None and all(logprobs[1:]), logprobs[:3]
+    if fields.get("echo"):
+        assert answer["choices"][0]["text"] == text
+        assert len(answer["choices"][0]["logprobs"]["tokens"]) == prompt_tokens
+    assert len(answer["choices"]) == fields.get("n", 1)
+
+
 # Bad requests get OpenAI-style 4xx errors, and the server keeps serving --------------------------
 
 

@@ -49,6 +49,14 @@ WEATHER = {
         },
     },
 }
+# Fields that mean something only together, swept beside the single fields: echo with logprobs is
+# what vLLM turns into prompt logprobs (lm-eval's log-likelihood requests send the first), which P/D
+# cannot split (serve_app/pd_decode.py, whole_on_decode).
+COMBINED = {
+    "completion.echo+logprobs": ("completion", {"echo": True, "logprobs": 1, "max_tokens": 0}),
+    "completion.echo+logprobs+tokens": ("completion", {"echo": True, "logprobs": 2, "max_tokens": 4}),
+    "chat.echo+top_logprobs": ("chat", {"echo": True, "logprobs": True, "top_logprobs": 2}),
+}
 TOOL_CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "get_weather"}}}
 
 
@@ -63,6 +71,8 @@ def swept_requests() -> dict[str, tuple[str, dict[str, Any]]]:
     for kind, model in (("chat", ChatCompletionRequest), ("completion", CompletionRequest)):
         for name, fields in sweep(model).items():
             requests[f"{kind}.{name}"] = (kind, base_request(kind, MODEL) | fields)
+    for key, (kind, fields) in COMBINED.items():
+        requests[key] = (kind, base_request(kind, MODEL) | fields)
     return requests
 
 
