@@ -1,8 +1,9 @@
 """Every private Ray API that the local run touches, and nothing else.
 
 Each one below is private to Ray: undocumented, outside Ray's compatibility promise, and free to
-change in any release, patch releases included. Each was checked against Ray 2.60.0
-(:data:`CHECKED_AGAINST`, the version requirements-serve.txt pins). After a Ray upgrade, check each
+change in any release, patch releases included. Each was checked against the serving image's Ray
+(:data:`CHECKED_AGAINST`, which requirements-serve.txt pins), and each is an entry of
+serve_app/upstream.py, which the tests resolve on the installed Ray. After a Ray upgrade, check each
 one against the new release (the server prints a one-line note when it runs on another version):
 
 ``start_ray``
@@ -37,7 +38,9 @@ import os
 import sys
 from pathlib import Path
 
-CHECKED_AGAINST = "2.60.0"
+from serve_app.upstream import READ_AT
+
+CHECKED_AGAINST = READ_AT["ray"]
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 
 
@@ -56,7 +59,7 @@ def version_note() -> str | None:
 def enable_token_auth() -> None:
     """Ray's token authentication for this process and every one it starts (public: RAY_AUTH_MODE,
     RAY_AUTH_TOKEN_PATH), with a new token of this run's: as KubeRay's authOptions do in the cluster,
-    rather than Ray 2.60's default for a local ray.init(), which keeps one in ~/.ray/auth_token."""
+    rather than Ray's default for a local ray.init(), which keeps one in ~/.ray/auth_token."""
     import secrets
 
     from local.paths import RAY_AUTH_TOKEN_FILE, write_private
