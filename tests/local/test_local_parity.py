@@ -61,7 +61,15 @@ TOOL_CHOICES = {"required": "required", "named": {"type": "function", "function"
 
 
 def tool_request(choice: str) -> dict[str, Any]:
-    return base_request("chat", MODEL) | {"tools": [WEATHER], "tool_choice": TOOL_CHOICES[choice], "max_tokens": 128}
+    # Sampled, with the base request's seed: the grammar of vLLM 0.26 lets JSON whitespace into the
+    # arguments, and the tiny model's random weights pick it greedily until max_tokens (an unclosed
+    # call); sampled, its seeded call closes within the tokens below, the same in both modes.
+    return base_request("chat", MODEL) | {
+        "tools": [WEATHER],
+        "tool_choice": TOOL_CHOICES[choice],
+        "max_tokens": 256,
+        "temperature": 1.0,
+    }
 
 
 def swept_requests() -> dict[str, tuple[str, dict[str, Any]]]:
@@ -77,7 +85,7 @@ def swept_requests() -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def post(server, kind: str, body: dict[str, Any]) -> tuple[int, Any]:
-    """(HTTP status, the answer without its volatile keys: a stream as its chunks' choices)."""
+    """(HTTP status, the answer without its volatile keys: a stream as what its chunks add up to)."""
     request = urllib.request.Request(
         server.base_url + PATHS[kind], data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
@@ -93,8 +101,36 @@ def post(server, kind: str, body: dict[str, Any]) -> tuple[int, Any]:
             return error.code, text
     if body.get("stream"):
         chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
-        return status, [stable(chunk) for chunk in chunks]
+        return status, read_stream([stable(chunk) for chunk in chunks])
     return status, stable(json.loads(raw))
+
+
+def read_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream as a client reads it: each choice's text (completions) or delta content (chat) joined,
+    every other key at its last value. Where one chunk ends and the next begins is the serving
+    loop's timing (a character whose bytes span two tokens comes in one chunk or two), not the answer."""
+    answer: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for key, value in chunk.items():
+            if key != "choices" and value is not None:
+                answer[key] = value
+        for choice in chunk.get("choices") or []:
+            merged = choices.setdefault(choice["index"], {})
+            for key, value in choice.items():
+                if key == "delta":
+                    delta = merged.setdefault("delta", {})
+                    for part, text in value.items():
+                        if isinstance(text, str) and part in ("content", "reasoning"):
+                            delta[part] = delta.get(part, "") + text
+                        elif text is not None:
+                            delta[part] = text
+                elif key == "text":
+                    merged["text"] = merged.get("text", "") + value
+                elif value is not None:
+                    merged[key] = value
+    answer["choices"] = [choices[index] for index in sorted(choices)]
+    return answer
 
 
 def stable(value: Any) -> Any:
