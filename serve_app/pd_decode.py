@@ -59,6 +59,8 @@ from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import DPPDDecodeServer, PDDecodeServer
 
+from serve_app.spec import PREWARM_KEY
+
 logger = logging.getLogger(__name__)
 
 # The names build_pd_openai_app reads its decode classes from, without and with data parallelism.
@@ -69,6 +71,8 @@ RAYS_DECODE_CLASSES = {DECODE_CLASS_NAME: PDDecodeServer, DP_DECODE_CLASS_NAME: 
 PREWARM_LOGPROBS = 1
 # How long decode waits before it runs Ray's prewarm again after Ray's own retries gave up.
 PREWARM_PAUSE_S = 30.0
+# How often decode looks whether its handle to prefill has prefill's replicas, before the prewarm.
+PREFILL_POLL_S = 1.0
 
 
 # Request fields P/D cannot honour by design, each with why; a request with one gets HTTP 400.
@@ -175,6 +179,32 @@ class OneTokenPrefillDPPDDecodeServer(OneTokenPrefillPDDecodeServer, DPPDDecodeS
     """Ray's ``DPPDDecodeServer`` (decode with data parallelism), its prefill requests fitted the same way."""
 
 
+async def _request_router_of(router: Any) -> Any:
+    return router.request_router
+
+
+async def prefill_router_ready(handle: Any) -> bool:
+    """Whether decode's handle to prefill has its replicas and its request router, the router made on
+    the router's own event loop; makes it there when the replicas are known.
+
+    Ray's prewarm reaches the prefill replicas through ``broadcast`` (ray.llm's ``utils/broadcast.py``),
+    which runs in a worker thread and reads the handle router's ``request_router``, a property that
+    makes the request router on first read. Read first from that thread, it races with the router's
+    own event loop, which reads the same property as Serve's long poll hands it the replicas: two
+    request routers are made, the thread's may be stored last without the replicas, and the prewarm
+    then reaches no prefill replica, or waits on replicas that never come. Read first here, on the
+    router's loop, there is one request router, fed by the long poll; ``broadcast`` finds it made."""
+    if not handle.is_initialized:
+        handle._init(_run_router_in_separate_loop=True)  # as broadcast initializes it
+    router = handle._router
+    if not handle.running_replicas_populated():
+        return False
+    if hasattr(router, "_asyncio_router"):  # the router runs on a loop of its own, in another thread
+        made = asyncio.run_coroutine_threadsafe(_request_router_of(router._asyncio_router), router._asyncio_loop)
+        return await asyncio.wrap_future(made) is not None
+    return router.request_router is not None  # the router runs on this very loop
+
+
 class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
     """Ray's ``PDDecodeServer`` whose prewarm runs after the constructor, until it goes through."""
 
@@ -194,10 +224,15 @@ class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
         self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_until_done())
 
     async def _prewarm_until_done(self) -> None:
+        if not self._llm_config.experimental_configs.get(PREWARM_KEY):
+            return
         while True:
             try:
-                await super()._maybe_prewarm()
-                return
+                if await prefill_router_ready(self._prefill_handle):
+                    await super()._maybe_prewarm()
+                    return
+                await asyncio.sleep(PREFILL_POLL_S)
+                continue
             except Exception:
                 logger.warning(
                     "prewarm of the prefill replicas did not go through; decode serves meanwhile (each "

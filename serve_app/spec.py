@@ -45,6 +45,8 @@ ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
 # The key of decode's experimental_configs that carries pd_min_prompt_tokens to serve_app/selective.py
 # (Ray carries it and reads it not).
 SELECTIVE_THRESHOLD_KEY = "pd_min_prompt_tokens"
+# The key of decode's experimental_configs that turns Ray Serve LLM's P/D prewarm on (pd_server.py).
+PREWARM_KEY = "_prewarm_prefill_decode"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
 SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]+$")
 SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$")
@@ -755,7 +757,7 @@ class ServingSpec(SpecModel):
         if phase in KV_ROLE:
             experimental["NIXL_SIDE_CHANNEL_PORT_BASE"] = self.side_channel_port(phase)
         if phase == "decode" and self.prewarm_nixl:
-            experimental["_prewarm_prefill_decode"] = True
+            experimental[PREWARM_KEY] = True
         if phase == "decode" and self.pd_tokenize_once:
             experimental["pd_tokenize_once"] = True
         if phase == "decode" and self.pd_min_prompt_tokens:

@@ -57,6 +57,41 @@ INTERNALS: tuple[Internal, ...] = (
         "PDDecodeServer._get_connector_backend",
     ),
     Internal("serve_app/pd_decode.py: the data-parallel decode class", f"{_PD}.pd_server", "DPPDDecodeServer"),
+    Internal("serve_app/pd_decode.py: prefill_router_ready", "ray.serve.handle", "DeploymentHandle._init"),
+    Internal(
+        "serve_app/pd_decode.py: prefill_router_ready, as broadcast initializes the handle",
+        "ray.serve._private.handle_options",
+        "InitHandleOptions._run_router_in_separate_loop",
+    ),
+    Internal("serve_app/pd_decode.py: prefill_router_ready", "ray.serve.handle", "DeploymentHandle", assigns="_router"),
+    Internal("serve_app/pd_decode.py: prefill_router_ready", "ray.serve.handle", "DeploymentHandle.is_initialized"),
+    Internal(
+        "serve_app/pd_decode.py: prefill_router_ready",
+        "ray.serve.handle",
+        "DeploymentHandle.running_replicas_populated",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: prefill_router_ready, the router's own loop",
+        "ray.serve._private.router",
+        "SingletonThreadRouter",
+        assigns="_asyncio_router",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: prefill_router_ready, the router's own loop",
+        "ray.serve._private.router",
+        "SingletonThreadRouter._asyncio_loop",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: prefill_router_ready, made on the router's loop",
+        "ray.serve._private.router",
+        "AsyncioRouter.request_router",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: what prefill_router_ready prepares for",
+        "ray.llm._internal.serve.utils.broadcast",
+        "broadcast",
+        ("handle", "method_name", "args"),
+    ),
     Internal(
         "serve_app/pd_decode.py: OneTokenPrefill wraps it",
         "ray.llm._internal.serve.engines.vllm.kv_transfer.base",

@@ -90,6 +90,7 @@ def shorten_rays_retries() -> None:
     pd_server._PREWARM_RETRY_INTERVAL_S = 0.1
     broadcast.BROADCAST_REPLICA_POPULATION_TIMEOUT_S = 0.5
     serve_app.pd_decode.PREWARM_PAUSE_S = 0.2
+    serve_app.pd_decode.PREFILL_POLL_S = 0.2
 
 
 class RaysDecode(PDDecodeServer):
