@@ -6,7 +6,7 @@ OUTDIR ?= cdk.out
 # python3.13 on the PATH, else pyenv's 3.13; PYTHON=… picks another (python -m config.serve_lock notes it).
 IMAGE_PYTHON := 3.13
 PYTHON ?= $(or $(shell for p in python$(IMAGE_PYTHON) $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(IMAGE_PYTHON).*/bin/python$(IMAGE_PYTHON); do \
-  "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done),$(error make needs Python $(IMAGE_PYTHON), the serving image's: install it (pyenv install $(IMAGE_PYTHON), or your distribution's python$(IMAGE_PYTHON)), or name another with PYTHON=python3.x))
+  "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done),$(error Python $(IMAGE_PYTHON), the serving image's, is needed for the venv: install it (pyenv install $(IMAGE_PYTHON), or your distribution's python$(IMAGE_PYTHON)), or name another with PYTHON=python3.x))
 # checkov and network-config-analyzer are locked for Python 3.11 in venvs of their own.
 TOOLS_PYTHON ?= python3
 VENV := .venv

@@ -13,8 +13,8 @@ def keep_log_handlers_open() -> None:
 
     dictConfig first closes every handler in the process (``logging.config._clearExistingHandlers``),
     and an engine replica runs it twice after Serve has set up its replica logger: NIXL at its first
-    import (``nixl_cu*/logging.py``, NIXL 1.3.2) and vLLM when it applies its logging config to the
-    engine (``vllm/logger.py``, ``configure_logging``). Serve's MemoryHandler then has no target, and
+    import (``nixl_cu*/logging.py``, NIXL 1.3.1, the image's) and vLLM when it applies its logging config
+    to the engine (``vllm/logger.py``, ``configure_logging``). Serve's MemoryHandler then has no target, and
     after a GCS restart Serve's recovered controller, which asks each replica for its log file
     (``logging_utils.get_component_logger_file_path``), fails on it and replaces the replica: a model
     reload that GCS fault tolerance exists to avoid. The handlers dictConfig installs are still

@@ -1,8 +1,8 @@
 """A poll timeout for NIXL's progress thread in a local run, so an idle P/D engine sleeps instead of
 spinning a core.
 
-NIXL 1.3.2's Python agent (``nixl_agent.__init__``) sets the C++ agent config's ``pthrDelay`` to 0
-and ``nixl_agent_config`` has no field for it. The UCX backend's shared progress thread uses that
+NIXL's Python agent (1.3.1, the image's: ``nixl_agent.__init__`` in ``_api.py``) sets the C++ agent
+config's ``pthrDelay`` to 0 and ``nixl_agent_config`` has no field for it. The UCX backend's shared progress thread uses that
 delay, rounded up to whole milliseconds, as its ``poll()`` timeout, so at 0 it never blocks: each
 idle P/D engine's worker burns most of a core (``docs/benchmarks.md``, "Selective P/D on the CPU").
 vLLM builds its agent through that class, so no vLLM or serving setting reaches the delay.

@@ -9,10 +9,10 @@ again (the kubelet's restart; the run does it here); the new GCS reads the clust
 Asserted: the prefill and decode engine processes (the replicas' workers and their vLLM
 EngineCore processes) keep their pids; requests succeed again within RECOVERY_BOUND_S (generous:
 the measured number goes to results/local-tests/, not into an assertion); no request outlives
-Serve's request timeout; decode takes the prompt's KV over NIXL again. With Ray 2.60 and NIXL 1.3
-the engines do not keep their pids, for a reason the test names and then reports as an expected
-failure (see the end of the first test). The same kill without fault tolerance (``--ray-cluster``)
-costs the engines at once: the worker nodes leave the new cluster and take them with them.
+Serve's request timeout; decode takes the prompt's KV over NIXL again. Should the engines not keep
+their pids, the test names the controller's reason (see the end of the first test). The same kill
+without fault tolerance (``--ray-cluster``) costs the engines at once: the worker nodes leave the
+new cluster and take them with them.
 """
 
 from __future__ import annotations

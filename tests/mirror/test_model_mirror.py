@@ -313,8 +313,8 @@ def _mirrored_decode_engine_config():
 def _node_init_as_ray_2_58_does(llm_config, engine_config, *, run_callback: bool = True) -> None:
     """What Ray 2.58.0's VLLMEngine.start does with a streaming load format before building the engine.
 
-    These functions are the same in Ray 2.58.0 and the tests' 2.60.0 (compared file by file), so
-    they run here: VLLMEngineConfig.from_llm_config (vllm_models.py), download_model_files
+    These are the installed Ray's own functions (the image's 2.58.0, which the tests run):
+    VLLMEngineConfig.from_llm_config (vllm_models.py), download_model_files
     (common/utils/download_utils.py) and initialize_node (serve/utils/node_initialization_utils.py,
     line 75: ``hf_model_id = paths[0]``). Ray 2.58's vllm_engine.py, start(), lines 381-384, then
     runs the callback's on_after_node_init; _get_vllm_engine_config, lines 177-184, replaces the
