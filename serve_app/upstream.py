@@ -204,6 +204,11 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     # tests/serve_app/test_pd_decode.py: Ray's prewarm retries, shortened in the replicas under test.
     Internal("tests/serve_app/test_pd_decode.py", f"{_PD}.pd_server", "_PREWARM_MAX_RETRIES"),
+    Internal(
+        "tests/serve_app/test_pd_decode.py: how long Serve takes to fail an app",
+        "ray.serve._private.constants",
+        "MAX_PER_REPLICA_RETRY_COUNT",
+    ),
     Internal("tests/serve_app/test_pd_decode.py", f"{_PD}.pd_server", "_PREWARM_RETRY_INTERVAL_S"),
     Internal(
         "tests/serve_app/test_pd_decode.py",

@@ -166,7 +166,20 @@ def deploy(serve, name: str, decode_cls: type, until: Path):
     submit_app(decode, name=name, route_prefix=None)
 
 
-def wait_for(what, deadline_s: float = 120):
+# How long one replica's start may take: process start, imports (Ray Serve LLM, vLLM) and constructor.
+# Measured up to about 70 s in a CI run here with the other core busy.
+REPLICA_START_S = 120.0
+
+
+def deploy_failed_deadline_s() -> float:
+    """Serve marks an app DEPLOY_FAILED after MAX_PER_REPLICA_RETRY_COUNT failed starts of a replica
+    (ray/serve/_private/constants.py); each is a replica start."""
+    from ray.serve._private.constants import MAX_PER_REPLICA_RETRY_COUNT
+
+    return (MAX_PER_REPLICA_RETRY_COUNT + 1) * REPLICA_START_S
+
+
+def wait_for(what, deadline_s: float = REPLICA_START_S):
     started = time.monotonic()
     while time.monotonic() - started < deadline_s:
         value = what()
@@ -194,7 +207,7 @@ def test_rays_decode_fails_the_app_when_prefill_is_late(serve_instance, tmp_path
     """What the cluster would get: the constructor raises, Serve gives up, DEPLOY_FAILED for good."""
     serve = serve_instance
     deploy(serve, "rays", RaysDecode, until=tmp_path / "prefill-may-start")
-    assert wait_for(lambda: serve.status().applications["rays"].status == "DEPLOY_FAILED")
+    assert wait_for(lambda: serve.status().applications["rays"].status == "DEPLOY_FAILED", deploy_failed_deadline_s())
     assert "Pre-warm failed" in serve.status().applications["rays"].deployments["Decode"].message
     serve.delete("rays")
 
