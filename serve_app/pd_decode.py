@@ -21,8 +21,9 @@ Ray's prefill request (``clamp_request_to_single_token`` in ray.llm's ``kv_trans
 against ``max_tokens`` fails on prefill although the client's request is valid: ``min_tokens`` (vLLM's
 ``SamplingParams._verify_args``, "min_tokens must be less than or equal to max_tokens"). Prefill's
 one token is never shown to the client (decode computes the first token again from the KV it pulls),
-so :class:`OneTokenPrefill` fits those fields to that one token on the prefill request only; decode
-runs the client's request as sent.
+so :class:`OneTokenPrefill` fits those fields to that one token on the prefill request only, and
+drops the grammar (structured outputs, a required or named ``tool_choice``) that prefill would compile
+for it; decode runs the client's request as sent.
 
 Some requests cannot be split between the two engines, whatever the prompt's length, so every decode
 class here runs them whole on decode's own engine (``LLMServer``'s methods, the path selective P/D
@@ -116,11 +117,32 @@ async def _refused(field: str, message: str) -> AsyncIterator[ErrorResponse]:
     yield ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", param=field, code=400))
 
 
+# The request fields vLLM compiles into a structured-output grammar (ChatCompletionRequest's and
+# CompletionRequest's extract_structured_outputs in vLLM 0.26, the image's), none of which changes the
+# prompt: vLLM's renderer reads neither (renderers/online_renderer.py).
+GRAMMAR_FIELDS = ("structured_outputs", "response_format")
+# tool_choice values that make vLLM's tool parser add a JSON grammar built from the tools
+# (tool_parsers/utils.py get_json_schema_from_tools, through ToolParser.adjust_request): "required",
+# or a named function (an object). "auto" renders the same prompt (the renderer drops the tools only
+# for "none") and adds no grammar.
+GRAMMAR_FREE_TOOL_CHOICE = "auto"
+
+
 def fit_prefill_to_one_token(prefill_request: Any) -> None:
     """Fits, in place, the fields vLLM checks against ``max_tokens`` to the one token Ray's prefill
-    request asks for."""
+    request asks for, and drops the grammar that token would be sampled under.
+
+    Decode samples every token the client sees, the first included, under the client's grammar;
+    prefill's one token is thrown away, so a grammar on prefill is compiled (xgrammar: up to seconds
+    for a large schema, once per schema and engine) for nothing, before decode compiles it again."""
     if getattr(prefill_request, "min_tokens", 0) > 1:
         prefill_request.min_tokens = 1
+    for field in GRAMMAR_FIELDS:
+        if getattr(prefill_request, field, None) is not None:
+            setattr(prefill_request, field, None)
+    tool_choice = getattr(prefill_request, "tool_choice", None)
+    if tool_choice is not None and tool_choice not in ("none", GRAMMAR_FREE_TOOL_CHOICE):
+        prefill_request.tool_choice = GRAMMAR_FREE_TOOL_CHOICE
 
 
 class OneTokenPrefill:

@@ -2,7 +2,9 @@
 
 Swept over every field of vLLM's request models (tests/request_fields.py): the client's request is
 shaped by Ray's own connector backend and the project's fitting, then checked by vLLM's own
-``to_sampling_params`` (``SamplingParams._verify_args``), at the one token Ray's prefill asks for."""
+``to_sampling_params`` (``SamplingParams._verify_args``), at the one token Ray's prefill asks for. The
+prefill copy carries no grammar, by vLLM's own reading of a request (its structured outputs and its
+tool parser's schema), and renders the prompt decode renders."""
 
 from __future__ import annotations
 
@@ -18,12 +20,34 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (  # noqa: E4
 )
 from ray.llm._internal.serve.engines.vllm.kv_transfer.base import DefaultConnectorBackend  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
+from vllm.tool_parsers.utils import get_json_schema_from_tools  # noqa: E402
 
 from serve_app.pd_decode import OneTokenPrefill, pd_refusal  # noqa: E402
 from tests.request_fields import base_request, sweep  # noqa: E402
 
 MODELS = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
-CASES = [(kind, name, fields) for kind, model in MODELS.items() for name, fields in sweep(model).items()]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+# Every tool_choice vLLM's chat model takes, with a tool: the sweep gives each field one value only.
+TOOL_CHOICES = {
+    f"tool_choice.{name}": {"tools": [TOOL], "tool_choice": choice}
+    for name, choice in {
+        "auto": "auto",
+        "none": "none",
+        "required": "required",
+        "named": {"type": "function", "function": {"name": "get_weather"}},
+    }.items()
+}
+CASES = [(kind, name, fields) for kind, model in MODELS.items() for name, fields in sweep(model).items()] + [
+    ("chat", name, fields) for name, fields in TOOL_CHOICES.items()
+]
+# What the project's prefill copy changes in Ray's (the rest is Ray's clamp_request_to_single_token).
+FITTED_FIELDS = {"min_tokens", "structured_outputs", "response_format", "tool_choice"}
 
 
 def sampling_error(request, max_tokens: int) -> str | None:
@@ -46,6 +70,10 @@ def test_prefill_is_valid_wherever_the_clients_request_is(kind, name, fields):
     backend = OneTokenPrefill(DefaultConnectorBackend(llm_config=None))
 
     prefill = backend.prepare_prefill_request(request=request, peer=None)
+    rays_prefill = DefaultConnectorBackend(llm_config=None).prepare_prefill_request(request=request, peer=None)
+    # Only the fitted fields differ from Ray's own prefill copy (compared first: vLLM's
+    # to_sampling_params writes into the request's vllm_xargs).
+    assert prefill.model_dump(exclude=FITTED_FIELDS) == rays_prefill.model_dump(exclude=FITTED_FIELDS)
     decode = backend.prepare_decode_request(request=request, peer=None, prefill_response=prefill)
 
     assert prefill.max_tokens == 1
@@ -53,3 +81,11 @@ def test_prefill_is_valid_wherever_the_clients_request_is(kind, name, fields):
     # Decode runs what the client sent (bar the KV it pulls), and the client's request is untouched.
     assert decode.model_dump(exclude={"kv_transfer_params"}) == request.model_dump(exclude={"kv_transfer_params"})
     assert request.model_dump() == client_sent
+    # No grammar: none from the request's own constraints, none that a tool parser derives from the
+    # tools (ToolParser.adjust_request in vLLM's tool_parsers/abstract_tool_parser.py).
+    assert prefill.to_sampling_params(1, {}).structured_outputs is None
+    if kind == "chat":
+        assert get_json_schema_from_tools(tool_choice=prefill.tool_choice, tools=prefill.tools) is None
+        # vLLM's renderer drops the tools from the prompt for tool_choice "none" only
+        # (renderers/online_renderer.py, render_chat), and reads no other of the fitted fields.
+        assert (prefill.tool_choice == "none") == (request.tool_choice == "none")
