@@ -45,6 +45,9 @@ ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
 # The key of decode's experimental_configs that carries pd_min_prompt_tokens to serve_app/selective.py
 # (Ray carries it and reads it not).
 SELECTIVE_THRESHOLD_KEY = "pd_min_prompt_tokens"
+# vLLM's front-end flag (FrontendArgs, which Ray Serve LLM fills from engine_kwargs) that adds
+# usage.prompt_tokens_details.cached_tokens to every answer.
+PROMPT_TOKENS_DETAILS = "enable_prompt_tokens_details"
 # The key of decode's experimental_configs that turns Ray Serve LLM's P/D prewarm on (pd_server.py).
 PREWARM_KEY = "_prewarm_prefill_decode"
 # What Secrets Manager accepts (CreateSecret: Name, and the ARN it returns, which ends in -XXXXXX).
@@ -587,6 +590,22 @@ class ServingSpec(SpecModel):
                     f"reuse the prefix it is chosen for; set prefix_caching: true or {phase}.request_router: "
                     "power_of_two"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _no_cached_tokens_in_pd(self) -> ServingSpec:
+        # Decode's engine counts the prompt tokens it pulled over NIXL as cached (vLLM 0.26, the
+        # image's: num_cached_tokens = local + external in v1/metrics/stats.py), so the field would
+        # report nearly every P/D prompt as a cache hit; colocated reports true hits.
+        if self.mode == "disaggregated":
+            for phase in ("prefill", "decode"):
+                if self.phase(phase).engine_kwargs.get(PROMPT_TOKENS_DETAILS):
+                    raise ValueError(
+                        f"{phase}.engine_kwargs.{PROMPT_TOKENS_DETAILS} would report the KV decode pulls from "
+                        "prefill as cached tokens (usage.prompt_tokens_details.cached_tokens near the whole "
+                        "prompt on every P/D request); remove it, or use mode: colocated, where it counts "
+                        "true prefix-cache hits"
+                    )
         return self
 
     @model_validator(mode="after")

@@ -68,3 +68,30 @@ def test_tool_calling_is_set_by_the_spec_not_per_phase(dev_data):
     assert "engine_kwargs.tool_call_parser is set by the spec; use serving.tool_call_parser instead" in problems_for(
         dev_data
     )
+
+
+def test_cached_tokens_are_refused_in_pd_and_allowed_colocated(dev_data):
+    from serve_app.spec import ServingSpec
+
+    dev_data["serving"]["decode"]["engine_kwargs"] = {"enable_prompt_tokens_details": True}
+    message = problems_for(dev_data)
+    assert "decode.engine_kwargs.enable_prompt_tokens_details would report the KV decode pulls" in message
+    assert "remove it, or use mode: colocated" in message
+    colocated = dev_data["serving"] | {
+        "mode": "colocated",
+        "colocated": {"engine_kwargs": {"enable_prompt_tokens_details": True}},
+    }
+    assert ServingSpec.model_validate(colocated).engine_kwargs("colocated")["enable_prompt_tokens_details"] is True
+
+
+def test_cached_tokens_are_vllms_front_end_flag_that_ray_passes_on():
+    import pytest
+
+    pytest.importorskip("vllm", reason="the serving stack (requirements-serve.txt) is not installed")
+    from vllm.entrypoints.openai.cli_args import FrontendArgs
+
+    from serve_app.spec import PROMPT_TOKENS_DETAILS
+
+    # Ray Serve LLM hands every engine_kwargs key that FrontendArgs has to vLLM's front end
+    # (VLLMEngineConfig's frontend_kwargs in ray.llm's engines/vllm/vllm_models.py).
+    assert PROMPT_TOKENS_DETAILS in FrontendArgs.__dataclass_fields__
