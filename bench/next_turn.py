@@ -18,9 +18,10 @@ prefix-cache queries and hits; NIXL transfers. The tiny local model's tokenizer 
 character is a token. Results are printed, never asserted.
 
 With --two-replicas-of PHASE, the local P/D server runs in the cluster's shape (make local HA=1)
-with two replicas of that phase, once per request router (power_of_two, then prefix_affinity): a
-next turn sent to the replica that saw its history hits that replica's cache; one sent to the
-other replica computes (prefill) or pulls (decode) the whole prompt.
+with two replicas of that phase, once per request router (power_of_two, prefix_affinity, then
+session_affinity; every conversation sends its own x-session-id): a next turn sent to the replica
+that saw its history hits that replica's cache; one sent to the other replica computes (prefill) or
+pulls (decode) the whole prompt.
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ def text_of(tokens: int, tokenizer=None) -> str:
     return prompt_of(tokens, tokenizer)
 
 
-def turn(client, model: str, prompt: str, max_tokens: int, index: int = 0) -> Request:
+def turn(client, model: str, prompt: str, max_tokens: int, index: int = 0, session: str | None = None) -> Request:
+    """One streamed turn; ``session`` is the conversation's id, sent as a chat client would (the header
+    session_affinity routes by)."""
+    from serve_app.spec import SESSION_HEADER
+
     started = time.perf_counter()
     arrivals, parts, prompt_tokens, output_tokens = [], [], 0, 0
     stream = client.completions.create(
@@ -122,6 +127,7 @@ def turn(client, model: str, prompt: str, max_tokens: int, index: int = 0) -> Re
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
+        extra_headers={SESSION_HEADER: session} if session else None,
     )
     for chunk in stream:
         if chunk.choices:
@@ -208,10 +214,13 @@ def converse(
 
     def group(size: int, result: Turns | None, changes: dict) -> None:
         prompts = [system + text_of(history_tokens, tokenizer) for _ in range(size)]
+        sessions = [uuid.uuid4().hex for _ in range(size)]
         before = counters() if counters and result is not None else {}
         with ThreadPoolExecutor(max_workers=size) as pool:
             for index in range(turns):
-                done = list(pool.map(lambda p, i=index: turn(client, model, p, reply_tokens, i), prompts))
+                done = list(
+                    pool.map(lambda p, s, i=index: turn(client, model, p, reply_tokens, i, s), prompts, sessions)
+                )
                 if result is not None:
                     result.requests += done
                     if counters:
@@ -324,14 +333,7 @@ def two_replica_spec(base: Path, phase: str, router: str, folder: Path) -> Path:
 
 def counters_of(server):
     """A settled snapshot of every engine's counters: in the cluster's shape each node exports its own."""
-    from local.metrics import engine_counters, scrape, settled
-
-    urls = list(server.status.get("cluster", {}).get("metrics_urls", {}).values()) or [server.status["metrics_url"]]
-
-    def snapshot() -> dict:
-        return engine_counters([sample for url in urls for sample in scrape(url)], server.replicas())
-
-    return lambda: settled(snapshot, 1.5, 30)
+    return server.counters
 
 
 def run_local(mode: str, spec: Path | None, ha: bool, **kwargs) -> Turns:

@@ -17,6 +17,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from cdk_constructs.cache_salt import CacheSalt
 from cdk_constructs.gcs_store import GcsStore
 from cdk_constructs.hf_token import HuggingFaceToken, grant_token_key, imported_secret
 from cdk_constructs.policy import acknowledge
@@ -170,6 +171,8 @@ class RayServiceApp(Construct):
             self.namespace.node.add_dependency(gcs_store)
 
         self.api_keys_provider_class = None
+        self.cache_salt: CacheSalt | None = None
+        self.cache_salt_provider_class = None
         if rs.endpoint.api_key_secrets and self.secrets_store:
             self._grant_api_keys(rs.endpoint.api_key_secrets, api_key_key_arns)
             self.api_keys_provider_class_body = api_keys_manifests.secret_provider_class(
@@ -181,6 +184,18 @@ class RayServiceApp(Construct):
             self.api_keys_provider_class.node.add_dependency(self.secrets_store.driver, self.namespace)
             # The keyed ingress reads the files the workers mount there.
             serving = serving.model_copy(update={"api_key_dir": api_keys_manifests.MOUNT_PATH})
+            if rs.endpoint.cache_isolation == "per_key":
+                self.cache_salt = CacheSalt(self, "CacheSalt", reader=self.worker_service_account)
+                self.cache_salt_provider_class = cluster.add_manifest(
+                    "CacheSaltSecretProviderClass",
+                    api_keys_manifests.salt_provider_class(
+                        namespace=rs.namespace,
+                        secret=self.cache_salt.secret.secret_arn,
+                        region=cdk.Stack.of(self).region,
+                    ),
+                )
+                self.cache_salt_provider_class.node.add_dependency(self.secrets_store.driver, self.namespace)
+                serving = serving.model_copy(update={"cache_salt_file": api_keys_manifests.SALT_PATH})
 
         self.serve_config_v2 = serve_config_yaml(serving, working_dir=self.code.s3_object_url)
         self.manifest_body = render_manifest(self.serve_config_v2)
@@ -200,6 +215,8 @@ class RayServiceApp(Construct):
             self.manifest.node.add_dependency(self.gcs_provider_class)
         if self.api_keys_provider_class:
             self.manifest.node.add_dependency(self.api_keys_provider_class)
+        if self.cache_salt_provider_class:
+            self.manifest.node.add_dependency(self.cache_salt_provider_class)
         if self.network_policies:
             self.manifest.node.add_dependency(self.network_policies)
         owned_service = owned_serve_service(rs)

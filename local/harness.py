@@ -34,10 +34,19 @@ class LocalServer:
     extra_args: list[str] = field(default_factory=list)
     # The API key the ingress asks for (--api-key-env; passed in the environment), or None.
     api_key: str | None = None
+    # More keys it accepts, each a tenant with a prefix cache of its own.
+    other_api_keys: tuple[str, ...] = ()
     log_path: Path = field(default_factory=lambda: RUN_DIR / "server.log")
     process: subprocess.Popen | None = None
     status: dict = field(default_factory=dict)
     started_at: float = 0.0
+
+    def _api_key_env(self) -> dict[str, str]:
+        """The environment variables that hand the server its keys (never its command line)."""
+        if not self.api_key:
+            return {}
+        keys = (self.api_key, *self.other_api_keys)
+        return {API_KEY_ENV if i == 0 else f"{API_KEY_ENV}_{i}": key for i, key in enumerate(keys)}
 
     @property
     def base_url(self) -> str:
@@ -61,14 +70,14 @@ class LocalServer:
                 str(self.metrics_port),
                 *(["--spec", str(self.spec)] if self.spec else []),
                 *(["--code-from-asset", str(self.code_from_asset)] if self.code_from_asset else []),
-                *(["--api-key-env", API_KEY_ENV] if self.api_key else []),
+                *[arg for name in self._api_key_env() for arg in ("--api-key-env", name)],
                 *self.extra_args,
             ],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **({API_KEY_ENV: self.api_key} if self.api_key else {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._api_key_env()},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -92,11 +101,18 @@ class LocalServer:
         """Current replica ids -> deployment (replicas change when one is restarted)."""
         return self.read_status().get("replicas", self.status.get("replicas", {}))
 
+    def metrics_urls(self) -> list[str]:
+        """Where the engines' counters are exported: each node's own port in the cluster's shape."""
+        return list(self.status.get("cluster", {}).get("metrics_urls", {}).values()) or [self.status["metrics_url"]]
+
     def counters(self, settle: float = 1.5, timeout: float = 30) -> dict:
-        """The engines' counters, settled (see :func:`local.metrics.settled`)."""
+        """Every engine's counters, settled (see :func:`local.metrics.settled`)."""
         from local.metrics import engine_counters, scrape, settled
 
-        return settled(lambda: engine_counters(scrape(self.status["metrics_url"]), self.replicas()), settle, timeout)
+        def snapshot() -> dict:
+            return engine_counters([s for url in self.metrics_urls() for s in scrape(url)], self.replicas())
+
+        return settled(snapshot, settle, timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

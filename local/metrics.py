@@ -89,6 +89,22 @@ def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tup
     return dict(totals)
 
 
+def replica_counters(
+    samples: list[Sample], replicas: dict[str, str], deployment_prefix: str, metric: str, source: str = ""
+) -> dict[str, float]:
+    """{replica id: value} of one engine counter, for each replica of the deployments named
+    ``deployment_prefix``… (``replicas``: replica id to deployment, as for :func:`engine_counters`)."""
+    totals: dict[str, float] = defaultdict(float)
+    for sample in samples:
+        if sample.name != metric or sample.labels.get("source", "") != source:
+            continue
+        replica = replica_of(sample)
+        rid = next((rid for rid in replicas if rid == replica or replica.endswith(rid)), None)
+        if rid is not None and replicas[rid].startswith(deployment_prefix):
+            totals[rid] += sample.value
+    return dict(totals)
+
+
 def counter_delta(before: dict, after: dict, deployment_prefix: str, metric: str, source: str = "") -> float:
     def total(snapshot):
         return sum(

@@ -16,6 +16,8 @@ RUN_RECORD = RUN_DIR / "run.json"
 # (every node and the driver read it through RAY_AUTH_TOKEN_PATH) and, with an API key, its file.
 RAY_AUTH_TOKEN_FILE = RUN_DIR / "ray-auth-token"
 API_KEYS_DIR = RUN_DIR / "api-keys"
+# The secret the keyed ingress salts each key's prefix cache under (the stack generates the cluster's).
+CACHE_SALT_FILE = RUN_DIR / "cache-salt"
 
 
 def write_json(path: Path, data: dict) -> None:

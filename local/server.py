@@ -40,8 +40,10 @@ through the head, so the head's GCS can die and come back while the worker nodes
 
 Ray runs with token authentication, as KubeRay sets it up in the cluster: a new token of the run's
 in ``.local/run/ray-auth-token`` (this user's only), which every node and this driver read. With
-``--api-key-env NAME`` (make local API_KEY=…) the ingress asks every request for the key in that
-variable, as the cluster's does for ``ray_service.endpoint.api_key_secrets``.
+``--api-key-env NAME`` (make local API_KEY=…; given again, another key) the ingress asks every request
+for the key in that variable, as the cluster's does for ``ray_service.endpoint.api_key_secrets``,
+and gives each key a prefix cache of its own under a cache-salt secret made for the run, as the
+cluster's ``cache_isolation: per_key`` does.
 
 The parts: ``paths`` (the run's files), ``ports``, ``leftovers``, ``assets`` (loopback S3),
 ``readiness``, ``shutdown``, ``cluster`` (the multi-node shape), ``lifecycle`` (processes, from
@@ -53,6 +55,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import secrets
 import shutil
 import signal
 import time
@@ -64,6 +67,7 @@ from local import leftovers, lifecycle, nixl_hook, ray_internals, shutdown
 from local.errors import StartupFailure
 from local.paths import (
     API_KEYS_DIR,
+    CACHE_SALT_FILE,
     DEFAULT_SPEC,
     RAY_AUTH_TOKEN_FILE,
     ROOT,
@@ -193,12 +197,17 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         raise StartupFailure(f"the code asset of {args.code_from_asset} could not be prepared: {exc}") from None
     if note := ray_internals.version_note():
         shutdown.say(note)
-    api_key = _api_key(args)
-    if api_key:
-        # The keyed ingress reads the key from a file of the run's, as in the cluster from the CSI mount.
-        write_private(API_KEYS_DIR / "key-0", api_key)
+    api_keys = _api_keys(args)
+    api_key = api_keys[0] if api_keys else None
+    if api_keys:
+        # The keyed ingress reads the keys from files of the run's, as in the cluster from the CSI mount,
+        # and the cache-salt secret too, which the stack generates in the cluster.
+        for index, key in enumerate(api_keys):
+            write_private(API_KEYS_DIR / f"key-{index}", key)
         resources.callback(shutil.rmtree, API_KEYS_DIR, ignore_errors=True)
-        spec = spec.model_copy(update={"api_key_dir": str(API_KEYS_DIR)})
+        write_private(CACHE_SALT_FILE, secrets.token_hex(32))
+        resources.callback(CACHE_SALT_FILE.unlink, missing_ok=True)
+        spec = spec.model_copy(update={"api_key_dir": str(API_KEYS_DIR), "cache_salt_file": str(CACHE_SALT_FILE)})
     cluster = _start_cluster(spec, args, resources) if (args.gcs_fault_tolerance or args.ray_cluster) else None
     if cluster is None:
         ray_internals.enable_token_auth()
@@ -271,14 +280,15 @@ def _run(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack, star
         time.sleep(2)
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
-    """The key --api-key-env names (from the environment, so it never shows in a process list)."""
-    if not args.api_key_env:
-        return None
-    key = os.environ.get(args.api_key_env, "").strip()
-    if not key:
-        raise StartupFailure(f"--api-key-env {args.api_key_env}: the variable is empty or not set; set it to the key")
-    return key
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """The keys --api-key-env names (from the environment, so they never show in a process list)."""
+    keys = []
+    for name in args.api_key_env or []:
+        key = os.environ.get(name, "").strip()
+        if not key:
+            raise StartupFailure(f"--api-key-env {name}: the variable is empty or not set; set it to the key")
+        keys.append(key)
+    return keys
 
 
 def _start_cluster(spec: ServingSpec, args: argparse.Namespace, resources: ExitStack):
@@ -342,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-key-env",
         metavar="NAME",
-        help="ask every request for the API key in the environment variable NAME (make local API_KEY=…)",
+        action="append",
+        help=(
+            "ask every request for the API key in the environment variable NAME (make local API_KEY=…); "
+            "again for another key, each with a prefix cache of its own"
+        ),
     )
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument(

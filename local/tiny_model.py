@@ -22,8 +22,11 @@ import os
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>"]  # ids 256, 257, 258
+# Renders a request's tools as Qwen2.5's template does, in a system turn before the conversation (one
+# JSON object per line), so a tool schema counts in the prompt as it does for the default model.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|system|>\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{% endif %}"
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
     "{% endfor %}"
@@ -135,10 +138,15 @@ def build_model(
 
 
 def ensure_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
-    """Generates the default tiny model into ``out_dir`` unless it is already there."""
+    """Generates the default tiny model into ``out_dir`` unless it is already there; a tokenizer made
+    with another chat template is made again (the weights stay)."""
     out = Path(out_dir).resolve()
     if not (out / "model.safetensors").is_file() or not (out / "tokenizer.json").is_file():
         main([str(out), "--seed", str(seed)])
+        return out
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    if config.get("chat_template") != CHAT_TEMPLATE:
+        build_tokenizer(out, config["model_max_length"])
     return out
 
 

@@ -453,6 +453,8 @@ def ray_service(
     if config.ray_service.endpoint.api_key_secrets:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             api_keys.mount(group)
+            if config.ray_service.endpoint.cache_isolation == "per_key":
+                api_keys.mount_salt(group)
     if config.serving.model.streams:
         for group in spec["rayClusterConfig"]["workerGroupSpecs"]:
             add_model_streamer(group, image, wheels_from=streamer_wheels_location(config))

@@ -23,6 +23,16 @@ at most once every ``RELOAD_INTERVAL_S`` (``stat`` calls only: the names, inodes
 modification times of the entries), and the keys are read again only when that changed. So every
 request that starts ``RELOAD_INTERVAL_S`` after a file changed is answered with the new keys.
 
+With a cache-salt secret (``cache_salt_file``: a file of a secret the stack generates, mounted as
+the keys are), every request's ``cache_salt`` is set from the key it came with: an HMAC-SHA256 of
+the key's digest under that secret, and of the client's own ``cache_salt`` if it sent one
+(:func:`tenant_salt`). vLLM keys the first KV block of a prompt by its salt, and every later block by
+the one before, so requests under different keys never share cached blocks: no key holder can time
+whether another key's prompt is cached (vLLM's CVE-2025-46570; its RFC 16016 has the salt come from
+the server, since a client can send anyone's salt). A client's salt divides its own key's cache
+further and reaches no other key's. The secret makes the salts the same on every ingress replica and
+after a restart, and unguessable from a key's digest alone.
+
 No ``from __future__ import annotations`` here: FastAPI reads the routes' signatures, and the one
 parameter added below must carry a real class, not a string to resolve in this module.
 """
@@ -134,14 +144,21 @@ class KeyDirectory:
         self._fingerprint, self._digests = fingerprint, digests
 
 
-def refusal(headers: Any, digests: frozenset[bytes]) -> JSONResponse | None:
-    """None when ``headers`` carry one of the keys; else the 401 OpenAI answers with."""
+def presented_digest(headers: Any) -> bytes | None:
+    """The SHA-256 of the bearer key ``headers`` carry, or None when they carry none."""
     scheme, _, presented = (headers.get("authorization") or "").strip().partition(" ")
     presented = presented.strip()
     if scheme.lower() != "bearer" or not presented:
+        return None
+    return hashlib.sha256(presented.encode()).digest()
+
+
+def refusal(headers: Any, digests: frozenset[bytes]) -> JSONResponse | None:
+    """None when ``headers`` carry one of the keys; else the 401 OpenAI answers with."""
+    digest = presented_digest(headers)
+    if digest is None:
         message, code = MISSING, None
     else:
-        digest = hashlib.sha256(presented.encode()).digest()
         # Every key compared, in constant time each: the answer's timing says nothing about which.
         matches = [hmac.compare_digest(digest, known) for known in digests]
         if any(matches):
@@ -152,6 +169,32 @@ def refusal(headers: Any, digests: frozenset[bytes]) -> JSONResponse | None:
         content={"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+def read_salt_secret(path: str) -> bytes:
+    """The cache-salt secret in the file ``path`` (surrounding whitespace dropped)."""
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as error:
+        raise RuntimeError(f"the cache-salt secret {path} cannot be read: {error.strerror}") from None
+    if not secret:
+        raise RuntimeError(f"the cache-salt secret {path} is empty")
+    return secret.encode()
+
+
+def tenant_salt(secret: bytes, key_digest: bytes, client_salt: str | None) -> str:
+    """The ``cache_salt`` of a request made with the key whose SHA-256 is ``key_digest``: HMAC-SHA256
+    under ``secret`` of that digest, then of the client's own salt (a digest is 32 bytes, so the two
+    never run together)."""
+    message = key_digest + (b"\x00" + client_salt.encode() if client_salt else b"")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def salt_requests(values: Any, secret: bytes, key_digest: bytes) -> None:
+    """Sets ``cache_salt`` on each request model among ``values`` (a route's arguments) that has one."""
+    for value in values:
+        if "cache_salt" in getattr(type(value), "model_fields", {}):
+            value.cache_salt = tenant_salt(secret, key_digest, value.cache_salt)
 
 
 def _request_parameter(signature: inspect.Signature) -> str | None:
@@ -172,6 +215,9 @@ def guarded(route: Callable[..., Any]) -> Callable[..., Any]:
         refused = refusal(request.headers, self._api_keys.digests())
         if refused is not None:
             return refused
+        digest = presented_digest(request.headers)  # one of the keys': the refusal above passed
+        if self._salt_secret is not None and digest is not None:
+            salt_requests([*args, *kwargs.values()], self._salt_secret, digest)
         return await route(self, *args, **kwargs)
 
     if own is None:
@@ -207,11 +253,13 @@ def check_every_request(app: Any, keys: KeyDirectory) -> None:
 
 
 class KeyedOpenAiIngress(OpenAiIngress):
-    """``OpenAiIngress`` that answers only requests with one of the keys in ``api_key_dir``."""
+    """``OpenAiIngress`` that answers only requests with one of the keys in ``api_key_dir``, each key's
+    requests under a prefix cache of their own when there is a ``cache_salt_file``."""
 
-    def __init__(self, *args: Any, api_key_dir: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, api_key_dir: str, cache_salt_file: str | None = None, **kwargs: Any) -> None:
         # Read before the parent starts anything: a replica without keys fails at start, loudly.
         self._api_keys = KeyDirectory(api_key_dir)
+        self._salt_secret = read_salt_secret(cache_salt_file) if cache_salt_file else None
         super().__init__(*args, **kwargs)
 
     # Serve's replica wrapper (ray.serve._private.http_util.ASGIAppReplicaWrapper, the class

@@ -13,7 +13,8 @@ read at Ray 2.58 (the cluster image's, which the tests run):
 
 - :class:`SelectivePDDecodeServer` is Ray's ``PDDecodeServer`` (decode owns an engine and calls
   prefill), with its prewarm in the background (``serve_app/pd_decode.py``). Its ``_serve_here``,
-  which decode's ``chat``/``completions`` ask, tokenizes the prompt with decode's own tokenizer,
+  which decode's ``chat``/``completions`` ask, renders the prompt with vLLM's own front end in decode
+  (:func:`rendered_prompt_ids`: tools and template arguments included, off the event loop),
   subtracts the full KV blocks decode's engine is estimated to hold
   (:class:`serve_app.prefix_index.PrefixIndex`, fed with every prompt this replica serves) and says
   whether the request runs on the local engine (``LLMServer``'s methods, no ``kv_transfer_params``:
@@ -29,7 +30,6 @@ a key Ray carries and does not read.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
@@ -42,44 +42,33 @@ from serve_app.spec import SELECTIVE_THRESHOLD_KEY
 logger = logging.getLogger(__name__)
 
 
-def prompt_token_ids(tokenizer: Any, request: Any) -> list[int] | None:
-    """The token ids of ``request``'s prompt as decode's engine would see them, or None when they
-    cannot be told (then the request takes the P/D path)."""
-    messages = getattr(request, "messages", None)
-    if messages is not None:
-        rendered = [_text_message(m) for m in messages]
-        if any(m is None for m in rendered):
-            return None
-        try:
-            ids = tokenizer.apply_chat_template(rendered, tokenize=True, add_generation_prompt=True)
-        except Exception:  # a template this tokenizer cannot render, multimodal parts, …
-            return None
-        if not isinstance(ids, list):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
-    prompt = getattr(request, "prompt", None)
-    if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return prompt
-    # Batched prompts (a list of strings or of id lists) go through P/D, as one request each would.
-    return None
+async def rendered_prompt_ids(engine: Any, request: Any) -> list[int] | None:
+    """The token ids of ``request``'s prompt as decode's engine will run it, or None when they cannot
+    be told (then the request takes the P/D path).
 
-
-def _text_message(message: Any) -> dict[str, Any] | None:
-    """``message`` with its content as one string, the way vLLM renders text parts for a template
-    that takes strings (joined by newlines); None for a part that is not text (an image, audio)."""
-    message = dict(message) if not isinstance(message, dict) else message
-    content = message.get("content")
-    if content is None or isinstance(content, str):
-        return message
-    texts = []
-    for part in content:
-        part = dict(part) if not isinstance(part, dict) else part
-        if part.get("type") != "text":
-            return None
-        texts.append(part.get("text", ""))
-    return {**message, "content": "\n".join(texts)}
+    Rendered by vLLM's own front end in decode's replica (``render_chat_request`` /
+    ``render_completion_request`` of the OpenAI serving objects Ray's engine holds), so the prompt is
+    the one vLLM computes: the chat template with the request's tools (Qwen2.5 puts their schemas in
+    the system turn), documents, template and template arguments, the generation-prompt flags, and
+    assistant tool-call arguments parsed as vLLM parses them. It renders a copy (vLLM's tool parsers
+    adjust the request they render) and tokenizes in vLLM's renderer threads, off the replica's event
+    loop that streams every other answer. A request vLLM refuses, or one that is not a single prompt
+    (batched prompts), goes through P/D, as one request each would."""
+    chat = getattr(request, "messages", None) is not None
+    serving = getattr(engine, "_oai_serving_chat" if chat else "_oai_serving_completion", None)
+    if serving is None:
+        return None
+    copy = request.model_copy(deep=True)
+    try:
+        rendered = await (serving.render_chat_request(copy) if chat else serving.render_completion_request(copy))
+    except Exception:  # a template or a part vLLM cannot render: its own answer comes from the P/D path
+        return None
+    if chat and isinstance(rendered, tuple):
+        rendered = rendered[1]
+    if not isinstance(rendered, list) or len(rendered) != 1:  # an ErrorResponse, or batched prompts
+        return None
+    ids = serving._extract_prompt_components(rendered[0]).token_ids
+    return list(ids) if ids is not None else None
 
 
 class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
@@ -87,19 +76,6 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
 
     def _min_prompt_tokens(self) -> int:
         return int(self._llm_config.experimental_configs.get(SELECTIVE_THRESHOLD_KEY, 0))
-
-    async def _tokenizer(self) -> Any:
-        cached = getattr(self, "_selective_tokenizer", None)
-        if cached is not None:
-            return cached
-        # vLLM's AsyncLLM.get_tokenizer() (v1/engine/async_llm.py): a plain method in 0.26, the image's;
-        # a coroutine in some releases.
-        client = self.engine._engine_client
-        tokenizer = client.get_tokenizer()
-        if inspect.isawaitable(tokenizer):
-            tokenizer = await tokenizer
-        self._selective_tokenizer = tokenizer
-        return tokenizer
 
     def _prefix_index(self) -> PrefixIndex | None:
         """The estimate of decode's prefix cache; None when its engine caches no prefixes."""
@@ -118,7 +94,7 @@ class SelectivePDDecodeServer(BackgroundPrewarmPDDecodeServer):
         threshold = self._min_prompt_tokens()
         if threshold <= 0:
             return False
-        tokens = prompt_token_ids(await self._tokenizer(), request)
+        tokens = await rendered_prompt_ids(self.engine, request)
         if tokens is None:
             return False
         index = self._prefix_index()

@@ -146,16 +146,29 @@ FAMILY_TOOL_CALL_PARSERS = ((re.compile(r"qwen2[._-]?5", re.IGNORECASE), "hermes
 # tool_call_parser's value that turns tool calling off for a family that has a default.
 NO_PARSER = "none"
 # The request routers a phase may name: the class Ray Serve imports for the deployment's handles
-# (None: Serve's default, power of two choices). PrefixCacheAffinityRouter is in
-# python/ray/serve/llm/request_router.py of Ray 2.58.0 (PublicAPI beta; the cluster image's) and 2.60.0
-# (the tests'). Serve's routers in both take the handle's session_id and never read it, so session
-# affinity is not offered.
+# (None: Serve's default, power of two choices), all in Ray 2.58.0, the cluster image's.
+# prefix_affinity is Ray Serve LLM's PrefixCacheAffinityRouter (python/ray/serve/llm/request_router.py,
+# PublicAPI beta) made safe for prompts that are not text (serve_app/routers.py); session_affinity is
+# Serve's ConsistentHashRouter (serve/experimental/consistent_hash_router.py), keyed on the session
+# header (SESSION_HEADER), which Ray's ingress and P/D decode pass on to the next hop.
 REQUEST_ROUTER_CLASSES: dict[str, str | None] = {
     "power_of_two": None,
-    "prefix_affinity": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+    "prefix_affinity": "serve_app.routers:PrefixAffinityRouter",
+    "session_affinity": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
 }
 # The oldest Ray whose source was read to hold each router class (older ones are refused at synth).
-REQUEST_ROUTER_SINCE_RAY = {"prefix_affinity": (2, 58)}
+REQUEST_ROUTER_SINCE_RAY = {"prefix_affinity": (2, 58), "session_affinity": (2, 58)}
+# The Ray Serve class each of those routers is (prefix_affinity's subclasses it).
+REQUEST_ROUTER_RAY_CLASS = {"prefix_affinity": "PrefixCacheAffinityRouter", "session_affinity": "ConsistentHashRouter"}
+# The HTTP header session_affinity keys on: Ray Serve's default (RAY_SERVE_SESSION_ID_HEADER_KEY unset;
+# serve/_private/constants.py SERVE_SESSION_ID).
+SESSION_HEADER = "x-session-id"
+# The text each replica's entry in the prefix-affinity router's tree may hold before its least recently
+# used prefixes are dropped: about what the default model's KV cache holds on one L4 (Qwen2.5-7B,
+# 56 KiB of KV per token, about 7 GiB of KV: some 125,000 tokens, 4 characters each, rounded down),
+# Ray's own figure when eviction is on. Dropped down to 90 % of it, as Ray's defaults do.
+PREFIX_TREE_CHARS_PER_REPLICA = 400_000
+PREFIX_TREE_EVICTION_TARGET = 0.9
 # Ray Serve LLM's own defaults put decode's NIXL handshake ports 2000 above prefill's.
 DECODE_SIDE_CHANNEL_OFFSET = 2000
 
@@ -360,15 +373,37 @@ class PhaseSpec(SpecModel):
             "VLLM_CPU_OMP_THREADS_BIND, which must differ per phase on a CPU). Never secrets."
         ),
     )
-    request_router: Literal["power_of_two", "prefix_affinity"] = Field(
+    request_router: Literal["power_of_two", "prefix_affinity", "session_affinity"] = Field(
         default="power_of_two",
         description=(
             "How Serve picks one of this phase's replicas for a request (it matters from two replicas on). "
             "power_of_two: Serve's default, the less loaded of two random replicas; a conversation's turns land "
             "on replicas that may never have seen its history. prefix_affinity: Ray Serve LLM's "
             "PrefixCacheAffinityRouter (Ray 2.58+), the replica whose earlier prompts share the longest prefix "
-            "with this one while the replicas' queues are balanced, so its prefix cache is hit; needs "
-            "serving.prefix_caching. For decode it picks among decode replicas, for prefill among prefill's."
+            "with this one, unless the replicas' queues differ by more than prefix_affinity_max_imbalance "
+            "(then power of two); needs serving.prefix_caching. session_affinity: Ray Serve's "
+            f"ConsistentHashRouter (Ray 2.58+), every request with the same {SESSION_HEADER} header on the same "
+            "replica while the replica set stays (requests without it spread evenly). For decode it picks "
+            "among decode replicas, for prefill among prefill's."
+        ),
+    )
+    prefix_affinity_max_imbalance: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "With request_router prefix_affinity: the difference in ongoing requests between the busiest and "
+            "the idlest replica above which a request is routed by power of two instead of by prefix, so a "
+            "prefix most requests share (a system prompt, a RAG context) cannot pin them all to one replica "
+            "while others idle. Empty: half of target_ongoing_requests (at least 1)."
+        ),
+    )
+    prefix_affinity_chars_per_replica: int = Field(
+        default=PREFIX_TREE_CHARS_PER_REPLICA,
+        ge=1_000,
+        description=(
+            "With request_router prefix_affinity: the prompt text the router remembers per replica; past it, "
+            "the least recently used prefixes are forgotten (down to 90 %), as the replica's KV cache evicts "
+            "them. The default is about what the default model's KV cache holds on one L4."
         ),
     )
     max_surge_percent: int | None = Field(
@@ -381,6 +416,39 @@ class PhaseSpec(SpecModel):
             "Ray 2.58 does not know it and ignores it silently, so synth refuses it with an older image."
         ),
     )
+
+    @model_validator(mode="after")
+    def _prefix_affinity_fields_need_its_router(self) -> PhaseSpec:
+        # Told by value, not by whether the field was given: the rendered spec (serveConfigV2's args)
+        # carries every field, defaults too, and is validated again in the cluster.
+        if self.request_router != "prefix_affinity":
+            for field in ("prefix_affinity_max_imbalance", "prefix_affinity_chars_per_replica"):
+                if getattr(self, field) != type(self).model_fields[field].default:
+                    raise ValueError(
+                        f"{field} applies to request_router: prefix_affinity, and this phase's router is "
+                        f"{self.request_router}; remove {field} or set request_router: prefix_affinity"
+                    )
+        return self
+
+    @property
+    def prefix_affinity_imbalance(self) -> int:
+        """The queue difference above which prefix_affinity routes by power of two."""
+        if self.prefix_affinity_max_imbalance is not None:
+            return self.prefix_affinity_max_imbalance
+        return max(1, self.target_ongoing_requests // 2)
+
+    def request_router_kwargs(self) -> dict[str, Any]:
+        """What the phase's router class's ``initialize_state`` receives (nothing: its defaults)."""
+        if self.request_router != "prefix_affinity":
+            return {}
+        # Ray's defaults are an infinite threshold (never power of two) and no eviction (the tree
+        # actor keeps every prompt's text for as long as the app runs).
+        return {
+            "imbalanced_threshold": self.prefix_affinity_imbalance,
+            "do_eviction": True,
+            "eviction_threshold_chars": self.prefix_affinity_chars_per_replica,
+            "eviction_target_chars": int(self.prefix_affinity_chars_per_replica * PREFIX_TREE_EVICTION_TARGET),
+        }
 
     @model_validator(mode="after")
     def _replicas(self) -> PhaseSpec:
@@ -532,6 +600,16 @@ class ServingSpec(SpecModel):
             "there; `make local API_KEY=…` for the local run. Empty: no key is asked for."
         ),
     )
+    cache_salt_file: str | None = Field(
+        default=None,
+        description=(
+            "With api_key_dir: a file of the ingress's node holding a secret under which each API key's "
+            "requests get a cache_salt of their own, so keys never share cached prompt blocks "
+            "(serve_app/ingress.py). The stack sets it with ray_service.endpoint.cache_isolation per_key "
+            "(the default) and mounts a secret it generates; `make local API_KEY=…` writes one per run. "
+            "Empty: every key shares the prefix cache."
+        ),
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="Extra environment variables for every engine replica (never secrets).",
@@ -590,6 +668,15 @@ class ServingSpec(SpecModel):
                     f"reuse the prefix it is chosen for; set prefix_caching: true or {phase}.request_router: "
                     "power_of_two"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _salt_needs_keys(self) -> ServingSpec:
+        if self.cache_salt_file and not self.api_key_dir:
+            raise ValueError(
+                "cache_salt_file salts each API key's requests, but api_key_dir is empty, so no request has a "
+                "key; set api_key_dir or remove cache_salt_file"
+            )
         return self
 
     @model_validator(mode="after")
@@ -762,8 +849,14 @@ class ServingSpec(SpecModel):
 
     def request_router_config(self, phase: str) -> dict[str, Any]:
         """The ``request_router_config`` of a phase's deployment_config, or nothing for Serve's default."""
-        router_class = REQUEST_ROUTER_CLASSES[self.phase(phase).request_router]
-        return {"request_router_config": {"request_router_class": router_class}} if router_class else {}
+        spec = self.phase(phase)
+        router_class = REQUEST_ROUTER_CLASSES[spec.request_router]
+        if router_class is None:
+            return {}
+        config: dict[str, Any] = {"request_router_class": router_class}
+        if kwargs := spec.request_router_kwargs():
+            config["request_router_kwargs"] = kwargs
+        return {"request_router_config": config}
 
     def side_channel_port(self, phase: str) -> int:
         """The first NIXL handshake port of a phase's engines (Ray adds a per-replica offset)."""
@@ -804,7 +897,10 @@ class ServingSpec(SpecModel):
         if self.api_key_dir:
             ingress["ingress_cls_config"] = {
                 "ingress_cls": KEYED_INGRESS,
-                "ingress_extra_kwargs": {"api_key_dir": self.api_key_dir},
+                "ingress_extra_kwargs": {
+                    "api_key_dir": self.api_key_dir,
+                    **({"cache_salt_file": self.cache_salt_file} if self.cache_salt_file else {}),
+                },
             }
         if self.mode == "disaggregated":
             return "build_pd_openai_app", {

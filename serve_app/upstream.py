@@ -130,10 +130,65 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal("serve_app/pd_decode.py: whole_on_decode", "vllm.sampling_params", "SamplingParams.prompt_logprobs"),
     Internal("serve_app/pd_decode.py: whole_on_decode", "vllm.sampling_params", "SamplingParams.n"),
+    # serve_app/routers.py: Ray Serve LLM's prefix-affinity router, its text extraction overridden.
+    Internal(
+        "serve_app/routers.py: overridden to read token ids and no text",
+        "ray.serve.llm.request_router",
+        "PrefixCacheAffinityRouter._extract_text_from_request",
+        ("pending_request",),
+    ),
+    Internal(
+        "serve_app/routers.py: how Ray's router joins text",
+        "ray.serve.llm.request_router",
+        "PrefixCacheAffinityRouter._normalize_prompt_to_string",
+        ("prompt",),
+    ),
+    Internal(
+        "serve_app/spec.py: the prefix-affinity router's keyword arguments",
+        "ray.serve.llm.request_router",
+        "PrefixCacheAffinityRouter.initialize_state",
+        ("imbalanced_threshold", "do_eviction", "eviction_threshold_chars", "eviction_target_chars"),
+    ),
+    Internal(
+        "serve_app/spec.py: session_affinity",
+        "ray.serve.experimental.consistent_hash_router",
+        "ConsistentHashRouter",
+    ),
+    Internal(
+        "serve_app/spec.py, docs/serving.md: the session header session_affinity keys on",
+        "ray.serve._private.constants",
+        "SERVE_SESSION_ID",
+    ),
     # serve_app/selective.py: decode's own engine, tokenizer and cache.
     Internal("serve_app/selective.py: the threshold", _RAY_LLM_SERVER, "LLMServer", assigns="_llm_config"),
     Internal("serve_app/selective.py: the engine client", _VLLM_ENGINE, "VLLMEngine", assigns="_engine_client"),
-    Internal("serve_app/selective.py: decode's tokenizer", "vllm.v1.engine.async_llm", "AsyncLLM.get_tokenizer"),
+    Internal(
+        "serve_app/selective.py: vLLM's front end in decode", _VLLM_ENGINE, "VLLMEngine", assigns="_oai_serving_chat"
+    ),
+    Internal(
+        "serve_app/selective.py: vLLM's front end in decode",
+        _VLLM_ENGINE,
+        "VLLMEngine",
+        assigns="_oai_serving_completion",
+    ),
+    Internal(
+        "serve_app/selective.py: the prompt as vLLM renders it",
+        "vllm.entrypoints.openai.chat_completion.serving",
+        "OpenAIServingChat.render_chat_request",
+        ("request",),
+    ),
+    Internal(
+        "serve_app/selective.py: the prompt as vLLM renders it",
+        "vllm.entrypoints.openai.completion.serving",
+        "OpenAIServingCompletion.render_completion_request",
+        ("request",),
+    ),
+    Internal(
+        "serve_app/selective.py: the rendered prompt's token ids",
+        "vllm.entrypoints.serve.engine.serving",
+        "BaseServing._extract_prompt_components",
+        ("prompt",),
+    ),
     Internal("serve_app/selective.py: the prefix index", "vllm.config.cache", "CacheConfig.block_size"),
     Internal("serve_app/selective.py: the prefix index", "vllm.config.cache", "CacheConfig.num_gpu_blocks"),
     Internal("serve_app/selective.py: the prefix index", "vllm.config.cache", "CacheConfig.enable_prefix_caching"),

@@ -591,7 +591,8 @@ def prefix_reuse(counters: Counters) -> CheckResult:
                 f"prompt in its cache, decode {decode:.0%}"
                 + (f" ({pulled:,.0f} prompt tokens pulled)" if pulled else "")
                 + "; send a conversation's turns to the decode replica that holds its history "
-                "(serving.decode.request_router: prefix_affinity) and check decode's KV cache is not evicting it "
+                "(serving.decode.request_router: session_affinity with an x-session-id per conversation, or "
+                "prefix_affinity) and check decode's KV cache is not evicting it "
                 "(ray_vllm_kv_cache_usage_perc)"
             )
     evidence = "; ".join(problems + facts) + f" ({rule})"

@@ -115,6 +115,16 @@ class EndpointExposure(StrictModel):
             "which with internal_nlb needs open_to_vpc_without_key."
         ),
     )
+    cache_isolation: Literal["per_key", "shared"] = Field(
+        default="per_key",
+        description=(
+            "With api_key_secrets: per_key gives each key its own prefix cache (the ingress sets vLLM's "
+            "cache_salt from the key, under a secret the stack generates), so no key holder can time whether "
+            "another key's prompts are cached (vLLM's CVE-2025-46570). shared lets every key hit every "
+            "prefix, for keys that are all one tenant's (a shared system prompt is then computed once for "
+            "all). Without api_key_secrets there is one tenant, and the cache is shared."
+        ),
+    )
     open_to_vpc_without_key: bool = Field(
         default=False,
         description=(

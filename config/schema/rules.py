@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from config import catalog
 from config.schema.mirror import s3_bucket_name_problem
 from config.schema.observability import AMP_MIN_SCRAPE_INTERVAL
-from serve_app.spec import PHASES, REQUEST_ROUTER_CLASSES, REQUEST_ROUTER_SINCE_RAY
+from serve_app.spec import PHASES, REQUEST_ROUTER_RAY_CLASS, REQUEST_ROUTER_SINCE_RAY
 
 if TYPE_CHECKING:
     from config.schema.app import AppConfig
@@ -116,10 +116,9 @@ def router_in_the_images_ray(config: AppConfig) -> str | None:
         since = REQUEST_ROUTER_SINCE_RAY.get(router)
         if since and ray_version < since:
             oldest = ".".join(map(str, since))
-            router_class = str(REQUEST_ROUTER_CLASSES[router]).rpartition(":")[2]
             return (
                 f"serving.{phase}.request_router {router} needs Ray {oldest} or newer (Ray Serve's "
-                f"{router_class}), but ray_service.ray_version is {config.ray_service.ray_version}: "
+                f"{REQUEST_ROUTER_RAY_CLASS[router]}), but ray_service.ray_version is {config.ray_service.ray_version}: "
                 f"use power_of_two, or an image with Ray {oldest}+ and set ray_version"
             )
     return None

@@ -68,7 +68,7 @@ def test_the_serve_config_names_the_directory_and_never_a_key(keyed):
     _, builder_args = ServingSpec.model_validate(application["args"]).builder_args()
     assert builder_args["ingress_cls_config"] == {
         "ingress_cls": "serve_app.ingress:KeyedOpenAiIngress",
-        "ingress_extra_kwargs": {"api_key_dir": api_keys.MOUNT_PATH},
+        "ingress_extra_kwargs": {"api_key_dir": api_keys.MOUNT_PATH, "cache_salt_file": api_keys.SALT_PATH},
     }
 
 
@@ -85,6 +85,50 @@ def test_the_ray_pods_may_read_exactly_those_secrets_and_decrypt_with_the_custom
     (decrypt,) = [s for s in statements if s["Action"] == "kms:Decrypt"]
     assert decrypt["Resource"] == CUSTOMER_KEY
     assert decrypt["Condition"] == {"StringEquals": {"kms:ViaService": "secretsmanager.us-east-2.amazonaws.com"}}
+
+
+def test_each_key_gets_a_cache_of_its_own_under_a_secret_the_stack_generates(keyed):
+    stack, template = keyed
+    (salt_id,) = [
+        rid
+        for rid, secret in template.find_resources("AWS::SecretsManager::Secret").items()
+        if "Cache-salt" in secret["Properties"]["Description"]
+    ]
+    secret = template.to_json()["Resources"][salt_id]
+    assert secret["Properties"]["GenerateSecretString"]["PasswordLength"] == 64
+    assert secret["DeletionPolicy"] == "Delete"
+    # Mounted apart from the keys (every file there is a key), on the GPU workers only.
+    cluster = stack.serving.manifest_body["spec"]["rayClusterConfig"]
+    assert all(
+        v["name"] != api_keys.SALT_VOLUME for v in cluster["headGroupSpec"]["template"]["spec"].get("volumes", [])
+    )
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == api_keys.SALT_VOLUME]
+        assert volume["csi"]["volumeAttributes"] == {"secretProviderClass": api_keys.SALT_PROVIDER_CLASS}
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert api_keys.SALT_MOUNT_PATH in mounts and not api_keys.SALT_PATH.startswith(api_keys.MOUNT_PATH + "/")
+    depends_on = {d.node.path for d in stack.serving.manifest.node.dependencies}
+    assert stack.serving.cache_salt_provider_class.node.path in depends_on
+    # Only the workers' role reads it.
+    reads = [
+        s
+        for policy in template.find_resources("AWS::IAM::Policy").values()
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if salt_id in json.dumps(s.get("Resource"))
+    ]
+    assert reads and all("secretsmanager:GetSecretValue" in json.dumps(s["Action"]) for s in reads)
+
+
+def test_keys_of_one_tenant_may_share_the_cache(variant):
+    from config.loader import parse_config
+    from tests.conftest import rendered_ray_service
+
+    data = keyed_data()
+    data["ray_service"]["endpoint"]["cache_isolation"] = "shared"
+    manifest = rendered_ray_service(parse_config(data))
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert all(v["name"] != api_keys.SALT_VOLUME for v in group["template"]["spec"]["volumes"])
 
 
 def test_without_keys_nothing_is_mounted_and_the_ingress_is_rays(variant):

@@ -43,8 +43,18 @@ LIVE_SERVERS = {
         metrics_port=8085,
         extra_args=["--gcs-fault-tolerance"],
         api_key="sk-local-" + "5f0c" * 8,
+        # A second tenant (tests/local/test_local_security.py: one prefix cache per key).
+        other_api_keys=("sk-local-" + "9e2b" * 8,),
     ),
-    "ray-cluster": dict(mode="disaggregated", port=8000, metrics_port=8085, extra_args=["--ray-cluster"]),
+    # The same shape without fault tolerance, with two decode replicas behind session affinity
+    # (tests/local/test_local_session_affinity.py): the one shared server with two replicas of a phase.
+    "ray-cluster": dict(
+        mode="disaggregated",
+        port=8000,
+        metrics_port=8085,
+        extra_args=["--ray-cluster"],
+        spec_changes={"decode": {"min_replicas": 2, "max_replicas": 2, "request_router": "session_affinity"}},
+    ),
 }
 # The order the tests run in (a test's node id ends with one of these): each shared server's tests
 # together, and the kill -9 test right before the disaggregated server's, as that server is its
@@ -59,6 +69,8 @@ ORDER = [
     "test_local_disaggregated.py",
     "test_local_security.py",
     "test_local_gcs_fault_tolerance.py",
+    "test_local_session_affinity.py",
+    "test_local_gcs_fault_tolerance.py::test_without_fault_tolerance_the_same_kill_costs_the_engines",
     "test_local_lifecycle.py",
 ]
 
@@ -88,6 +100,8 @@ class SharedServers:
 
             settings = dict(LIVE_SERVERS[name])
             extra = settings.pop("extra_args", [])
+            if changes := settings.pop("spec_changes", None):
+                settings["spec"] = changed_local_spec(name, changes)
             self.server = LocalServer(**settings, extra_args=list(extra)).start()
             self.name = name
         assert self.server.process.poll() is None, f"the {name} server exited:\n{self.server.log_tail()}"
@@ -106,6 +120,22 @@ class SharedServers:
         assert session_processes(session) == [], "the local server left processes behind"
         left = sorted(str(segment) for segment in mapped if segment.exists())
         assert not left, f"the local server left shared memory behind: {', '.join(left)}"
+
+
+def changed_local_spec(name: str, changes: dict[str, dict]):
+    """config/local.yaml with each phase's ``changes``, written where the local server's runs live."""
+    import yaml
+
+    from local.paths import DEFAULT_SPEC, RUN_DIR
+    from serve_app.spec import load_spec
+
+    data = load_spec(str(DEFAULT_SPEC)).model_dump(mode="json")
+    for phase, fields in changes.items():
+        data[phase].update(fields)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    path = RUN_DIR / f"spec-{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 @pytest.fixture(scope="session")

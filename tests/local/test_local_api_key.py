@@ -8,13 +8,15 @@ import argparse
 import pytest
 
 from local.errors import StartupFailure
-from local.server import _api_key, main
+from local.server import _api_keys, main
 
 
-def test_the_key_is_read_from_the_variable_named(monkeypatch):
+def test_each_key_is_read_from_the_variable_named(monkeypatch):
     monkeypatch.setenv("MY_KEY", "  sk-local-1 \n")
-    assert _api_key(argparse.Namespace(api_key_env="MY_KEY")) == "sk-local-1"
-    assert _api_key(argparse.Namespace(api_key_env=None)) is None
+    monkeypatch.setenv("OTHER_KEY", "sk-local-2")
+    assert _api_keys(argparse.Namespace(api_key_env=["MY_KEY"])) == ["sk-local-1"]
+    assert _api_keys(argparse.Namespace(api_key_env=["MY_KEY", "OTHER_KEY"])) == ["sk-local-1", "sk-local-2"]
+    assert _api_keys(argparse.Namespace(api_key_env=None)) == []
 
 
 @pytest.mark.parametrize("value", [None, "", "   "])
@@ -24,7 +26,7 @@ def test_a_missing_or_empty_variable_is_one_line_naming_it(monkeypatch, value):
     else:
         monkeypatch.setenv("MY_KEY", value)
     with pytest.raises(StartupFailure) as refused:
-        _api_key(argparse.Namespace(api_key_env="MY_KEY"))
+        _api_keys(argparse.Namespace(api_key_env=["MY_KEY"]))
     assert str(refused.value) == "--api-key-env MY_KEY: the variable is empty or not set; set it to the key"
 
 

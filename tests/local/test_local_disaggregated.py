@@ -164,6 +164,33 @@ def test_a_short_chat_is_prefilled_by_decode_too(server, client):
     assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == 0
 
 
+def test_a_short_message_with_a_long_tool_schema_reaches_prefill(server, client):
+    """An agent's first turn: a message shorter than the threshold, and tools whose schemas the chat
+    template renders into the prompt (as Qwen2.5's does). The prompt vLLM runs is long, so prefill
+    computes it, as selective P/D decides on the prompt vLLM renders, not on the messages alone."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search_orders",
+            "description": "Find a customer's orders by date range, status and the store they were placed in.",
+            "parameters": {
+                "type": "object",
+                "properties": {name: {"type": "string"} for name in ("customer", "since", "until", "status")},
+            },
+        },
+    }
+    before = server.counters()
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=[tool], max_tokens=4, temperature=0
+    )
+    prompt_tokens = response.usage.prompt_tokens
+    assert prompt_tokens > 4 * local_threshold(), "the tools are rendered into the prompt"
+    after = wait_for_counters(server, before, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute", prompt_tokens)
+    assert counter_delta(before, after, "Prefill", PROMPT_TOKENS_BY_SOURCE, "local_compute") == prompt_tokens
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer") == prompt_tokens
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 0
+
+
 def test_a_prompt_at_the_threshold_is_disaggregated(server, client):
     threshold = local_threshold()
     before = server.counters()

@@ -160,6 +160,36 @@ def test_the_endpoint_answers_401_without_the_api_key_and_serves_with_it(server)
     )
 
 
+def test_a_prefix_cached_under_one_key_is_no_hit_under_another(server):
+    """cache_isolation per_key, as the local server runs it with two keys: vLLM's own prefix-cache
+    counters, summed over both phases' engines, for one prompt sent under key A, then key B, then A."""
+    from local.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+
+    assert server.other_api_keys, "the server is started with a second key"
+    tenants = {
+        "a": openai_client(server),
+        "b": openai.OpenAI(base_url=server.base_url, api_key=server.other_api_keys[0], timeout=120, max_retries=0),
+    }
+    # Several of the CPU engines' 128-token blocks, so a hit is whole blocks of it.
+    prompt = unique_prompt("tenant", 600)
+    seen = {}
+    for step, tenant in enumerate(["a", "b", "a"]):
+        before = server.counters()
+        tenants[tenant].completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+        after = wait_for_counters(server, before, "", PREFIX_CACHE_QUERIES, "", len(prompt), 60)
+        seen[f"{step}:{tenant}"] = {
+            "queried": counter_delta(before, after, "", PREFIX_CACHE_QUERIES),
+            "hit": counter_delta(before, after, "", PREFIX_CACHE_HITS),
+        }
+    report_measurement("cache-isolation-per-key", seen)
+    first_a, then_b, again_a = seen.values()
+    assert first_a["hit"] == 0, seen  # a prompt no one sent before
+    # Key B sends the very prompt key A's requests left in the engines' caches: no block of it hits.
+    assert then_b["queried"] >= len(prompt) and then_b["hit"] == 0, seen
+    # Key A sending it again hits its own blocks.
+    assert again_a["hit"] >= 4 * 128, seen
+
+
 def answer_status(url: str, method: str = "GET", key: str | None = None) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     request = urllib.request.Request(url, method=method, headers=headers, data=b"{}" if method == "POST" else None)

@@ -82,7 +82,14 @@ def test_prefix_affinity_is_rendered_into_the_phases_deployment_and_only_there(p
     other = "decode" if phase == "prefill" else "prefill"
     configs = rendered_deployment_configs("dev", **{f"{phase}.request_router": "prefix_affinity"})
     assert configs[phase]["request_router_config"] == {
-        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
+        "request_router_class": "serve_app.routers:PrefixAffinityRouter",
+        # Ray's defaults (an infinite threshold, no eviction) would never balance and never forget.
+        "request_router_kwargs": {
+            "imbalanced_threshold": 8,  # half of target_ongoing_requests, 16 by default
+            "do_eviction": True,
+            "eviction_threshold_chars": 400_000,
+            "eviction_target_chars": 360_000,
+        },
     }
     # Power of two is Serve's own default: nothing is rendered for it.
     assert "request_router_config" not in configs[other]
@@ -120,3 +127,28 @@ def test_a_router_the_images_ray_lacks_is_refused_in_one_line_naming_field_and_f
     # The image's own Ray has it.
     data["ray_service"]["ray_version"] = SERVING_IMAGE_RAY_VERSION
     assert parse_config(data, source="test.yaml").serving.decode.request_router == "prefix_affinity"
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_session_affinity_is_rays_consistent_hash_router_with_its_defaults(phase):
+    configs = rendered_deployment_configs("prod", **{f"{phase}.request_router": "session_affinity"})
+    assert configs[phase]["request_router_config"] == {
+        "request_router_class": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+    }
+
+
+def test_the_prefix_affinity_threshold_is_the_users_when_given():
+    configs = rendered_deployment_configs(
+        "dev", **{"decode.request_router": "prefix_affinity", "decode.prefix_affinity_max_imbalance": 0}
+    )
+    assert configs["decode"]["request_router_config"]["request_router_kwargs"]["imbalanced_threshold"] == 0
+
+
+def test_prefix_affinity_settings_under_another_router_are_refused_in_one_line_naming_field_and_fix():
+    data = load_config(CONFIG_DIR / "dev.yaml").model_dump(mode="json", exclude_unset=True)
+    data["serving"]["decode"]["prefix_affinity_chars_per_replica"] = 100_000
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source="test.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert "prefix_affinity_chars_per_replica applies to request_router: prefix_affinity" in line
+    assert "remove prefix_affinity_chars_per_replica or set request_router: prefix_affinity" in line

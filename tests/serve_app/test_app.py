@@ -114,21 +114,42 @@ def test_with_an_api_key_dir_both_builders_serve_the_keyed_ingress(local_ray, mo
 
 
 def test_each_phases_router_is_the_class_rays_serve_imports_for_its_handles(local_ray):
-    """The rendered router reaches Ray's deployment config, and the class it names is the tests' Ray's
-    own PrefixCacheAffinityRouter (the cluster image's Ray 2.58.0 ships it at the same path)."""
+    """The rendered router reaches Ray's deployment config: the class it names (imported by Ray's own
+    RequestRouterConfig) and the keyword arguments, which its ``initialize_state`` takes."""
+    import inspect
+
     from ray._common.utils import import_attr
+    from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
     from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
     from serve_app.app import build_app
 
     data = cluster_spec().model_dump(mode="json")
     data["prefill"]["request_router"] = "prefix_affinity"
+    data["decode"]["request_router"] = "session_affinity"
     deployments = graph(build_app(data))
     prefill = deployments["Prefill:qwen2_5-7b-instruct"]._deployment_config.request_router_config
     decode = deployments["Decode:qwen2_5-7b-instruct"]._deployment_config.request_router_config
-    assert import_attr(prefill.request_router_class) is PrefixCacheAffinityRouter
+    prefill_router = import_attr(prefill.request_router_class)
+    assert issubclass(prefill_router, PrefixCacheAffinityRouter)
+    inspect.signature(prefill_router.initialize_state).bind(None, **prefill.request_router_kwargs)
+    assert prefill.request_router_kwargs["do_eviction"] is True
+    assert import_attr(decode.request_router_class) is ConsistentHashRouter
+    assert decode.request_router_kwargs == {}
     # Left to Serve: its default router, power of two choices.
-    assert import_attr(decode.request_router_class).__name__ == "PowerOfTwoChoicesRequestRouter"
+    plain = graph(build_app(cluster_spec().model_dump(mode="json")))["Decode:qwen2_5-7b-instruct"]
+    assert import_attr(plain._deployment_config.request_router_config.request_router_class).__name__ == (
+        "PowerOfTwoChoicesRequestRouter"
+    )
+
+
+def test_session_affinity_keys_on_the_header_the_docs_name():
+    pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
+    from ray.serve._private.constants import SERVE_SESSION_ID
+
+    from serve_app.spec import SESSION_HEADER
+
+    assert SERVE_SESSION_ID == SESSION_HEADER
 
 
 def test_a_drain_longer_than_the_request_timeout_is_refused():

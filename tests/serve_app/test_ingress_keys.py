@@ -176,3 +176,59 @@ def test_with_a_key_fastapis_own_pages_answer(keyed_app):
     pages = [app.openapi_url, app.docs_url, app.redoc_url]
     assert {page: client.get(page).status_code for page in pages} == dict.fromkeys(pages, 200)
     assert "/v1/completions" in client.get(app.openapi_url).json()["paths"]
+
+
+# -- each key's own prefix cache ------------------------------------------------------------------
+
+SECRET = b"s" * 64
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def test_each_key_has_its_own_salt_the_same_on_every_replica_and_start():
+    from serve_app.ingress import tenant_salt
+
+    first, second = tenant_salt(SECRET, digest("sk-a"), None), tenant_salt(SECRET, digest("sk-b"), None)
+    assert first != second
+    assert tenant_salt(SECRET, digest("sk-a"), None) == first  # a function of the secret and the key only
+    # Another secret (another stack), other salts: a key's digest alone does not give its salt.
+    assert tenant_salt(b"t" * 64, digest("sk-a"), None) != first
+
+
+def test_a_clients_own_salt_divides_its_keys_cache_and_reaches_no_other_key():
+    from serve_app.ingress import tenant_salt
+
+    # A client that sends key B's salt, or the raw salt of its choice, still lands under its own key.
+    stolen = tenant_salt(SECRET, digest("sk-b"), None)
+    assert tenant_salt(SECRET, digest("sk-a"), stolen) not in {stolen, tenant_salt(SECRET, digest("sk-b"), stolen)}
+    assert tenant_salt(SECRET, digest("sk-a"), "mine") != tenant_salt(SECRET, digest("sk-a"), None)
+    assert tenant_salt(SECRET, digest("sk-a"), "mine") != tenant_salt(SECRET, digest("sk-b"), "mine")
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_the_salt_is_set_on_vllms_own_request_models_and_they_accept_it(kind):
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+    from serve_app.ingress import salt_requests, tenant_salt
+    from tests.request_fields import base_request
+
+    model = {"chat": ChatCompletionRequest, "completion": CompletionRequest}[kind]
+    body = model.model_validate(base_request(kind, "m") | {"cache_salt": "client"})
+    salt_requests([body, object()], SECRET, digest("sk-a"))
+    assert body.cache_salt == tenant_salt(SECRET, digest("sk-a"), "client")
+    # vLLM's own validation (a non-empty string) takes it, as the engine will.
+    assert model.model_validate(body.model_dump()).cache_salt == body.cache_salt
+
+
+def test_a_missing_or_empty_salt_secret_stops_the_replica_at_start(tmp_path):
+    from serve_app.ingress import read_salt_secret
+
+    with pytest.raises(RuntimeError, match="cannot be read"):
+        read_salt_secret(str(tmp_path / "nowhere"))
+    (tmp_path / "salt").write_text("\n")
+    with pytest.raises(RuntimeError, match="is empty"):
+        read_salt_secret(str(tmp_path / "salt"))
+    (tmp_path / "salt").write_text("abc\n")
+    assert read_salt_secret(str(tmp_path / "salt")) == b"abc"

@@ -90,47 +90,30 @@ def test_a_threshold_at_the_context_length_is_refused():
         cluster_spec(pd_min_prompt_tokens=8192)
 
 
-# The tokens the decision is made on ---------------------------------------------------------------
+# The prompt the decision is made on is vLLM's own rendering in decode (rendered_prompt_ids), shown on
+# the live server: tests/local/test_local_disaggregated.py.
 
 
-class Completion:
-    def __init__(self, prompt):
-        self.prompt = prompt
+def test_the_local_models_template_renders_tools_into_the_prompt_as_qwen25s_does(tiny_tokenizer):
+    """Without it, the live tests could not tell a prompt counted with its tools from one counted without."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    hello = [{"role": "user", "content": "hello"}]
+    with_tools = tiny_tokenizer.apply_chat_template(hello, tools=tools, tokenize=False, add_generation_prompt=True)
+    without = tiny_tokenizer.apply_chat_template(hello, tokenize=False, add_generation_prompt=True)
+    assert without == "<s><|user|>\nhello\n<|assistant|>\n"
+    assert with_tools.startswith("<s><|system|>\n# Tools\n{") and '"get_weather"' in with_tools
+    assert with_tools.endswith(without.removeprefix("<s>"))
 
 
-class Chat:
-    def __init__(self, messages):
-        self.messages = messages
+def test_a_tiny_model_made_with_another_template_gets_the_current_one(tmp_path):
+    import json
 
+    from local.tiny_model import CHAT_TEMPLATE, build_tokenizer, ensure_tiny_model
 
-def test_a_completion_prompt_counts_its_tokens(tiny_tokenizer):
-    from serve_app.selective import prompt_token_ids
-
-    # The tiny tokenizer is byte-level with no merges: one token per ASCII character.
-    assert len(prompt_token_ids(tiny_tokenizer, Completion("x" * 37))) == 37
-    assert prompt_token_ids(tiny_tokenizer, Completion([5, 6, 7])) == [5, 6, 7]
-
-
-def test_a_chat_counts_the_rendered_template(tiny_tokenizer):
-    from local.tiny_model import CHAT_TEMPLATE
-    from serve_app.selective import prompt_token_ids
-
-    assert "{{ bos_token }}" in CHAT_TEMPLATE
-    rendered = "<|user|>\nhello\n<|assistant|>\n"
-    # <s> (one special token), then one token per byte of the rendered turn.
-    assert len(prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": "hello"}]))) == 1 + len(rendered)
-
-
-def test_text_parts_count_as_the_text_they_join_to(tiny_tokenizer):
-    from serve_app.selective import prompt_token_ids
-
-    parts = [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]
-    joined = "<|user|>\nhel\nlo\n<|assistant|>\n"
-    assert len(prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": parts}]))) == 1 + len(joined)
-
-
-def test_what_cannot_be_counted_takes_the_pd_path(tiny_tokenizer):
-    from serve_app.selective import prompt_token_ids
-
-    assert prompt_token_ids(tiny_tokenizer, Completion(["a", "b"])) is None
-    assert prompt_token_ids(tiny_tokenizer, Chat([{"role": "user", "content": [{"type": "image_url"}]}])) is None
+    build_tokenizer(tmp_path, 2048)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")  # kept as they are
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{{ old }}"}))
+    ensure_tiny_model(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"

@@ -535,7 +535,7 @@ def test_a_decode_that_re_pulls_what_prefill_finds_cached_is_flagged_with_the_re
     assert prefill >= checks.REUSE_PREFILL_MIN and decode < prefill * checks.REUSE_DECODE_FRACTION
     assert not result.passed
     assert f"decode re-pulls whole prompts over NIXL turn after turn: prefill finds {prefill:.0%}" in result.evidence
-    assert "serving.decode.request_router: prefix_affinity" in result.evidence
+    assert "serving.decode.request_router: session_affinity with an x-session-id per conversation" in result.evidence
     # Either side of the rule's edge, with the recorded prefill: decode's share just above and just under it.
     edge = prefill * checks.REUSE_DECODE_FRACTION
     counters = scraped(REUSE_REPULLS)
