@@ -24,6 +24,14 @@ NIXL_TRANSFERS = "ray_vllm_nixl_xfer_time_seconds_count"
 PREFIX_CACHE_QUERIES = "ray_vllm_prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "ray_vllm_prefix_cache_hits_total"
 REPLICA_LABELS = ("ReplicaId", "replica", "WorkerId")
+# Requests decode served on its own engine because prefill was gone (serve_app/pd_decode.py's Ray
+# metric pd_prefill_fallbacks, a counter Ray exports with this name), by reason.
+PREFILL_FALLBACKS = "ray_pd_prefill_fallbacks_total"
+
+
+def is_engine_counter(name: str) -> bool:
+    """vLLM's counters of an engine, and the project's own of a decode replica."""
+    return name.startswith("ray_vllm_") or name == PREFILL_FALLBACKS
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,10 @@ def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tup
     """
     totals: dict[tuple[str, str, str], float] = defaultdict(float)
     for sample in samples:
-        if not sample.name.startswith("ray_vllm_"):
+        if not is_engine_counter(sample.name):
             continue
-        totals[(deployment_of(sample, replicas), sample.name, sample.labels.get("source", ""))] += sample.value
+        source = sample.labels.get("source", sample.labels.get("reason", ""))
+        totals[(deployment_of(sample, replicas), sample.name, source)] += sample.value
     return dict(totals)
 
 

@@ -42,6 +42,18 @@ takes for a short prompt), behind one predicate, :func:`whole_on_decode`:
 - beam search (``use_beam_search``): vLLM's beam search builds its own sampling parameters without
   ``kv_transfer_params``, so decode computes the whole prompt anyway and prefill's work is wasted.
 
+A prefill that is gone does not fail a request decode can serve (availability first): decode holds
+the same model, so every decode class here runs a request on its own engine, whole, when its handle
+to prefill knows no running prefill replica (the only one died and its replacement is still loading
+the model: minutes on a GPU, during which Ray's router would hold the request until
+``request_timeout_s`` and answer 408), when the call to prefill fails because the replica died
+under it (Ray's ``RayActorError`` family, Serve's ``DeploymentUnavailableError``), and when every
+prefill replica is gone while the request waits for prefill's answer (Serve's router holds a request
+whose replica died for the next replica), each before anything was streamed to the client. Each such request is logged and counted in the Ray metric
+``pd_prefill_fallbacks`` (exported as ``ray_pd_prefill_fallbacks_total``, by reason), which
+``make verify`` reads (Serve adds the deployment and replica tags). It costs decode's running streams a longer step while it lasts; the
+selective threshold's cap does not apply to it.
+
 Ray's ``build_pd_openai_app`` picks its decode class by two module-level names of its builder
 (``PDDecodeServer``; ``DPPDDecodeServer`` with data parallelism). :func:`build_pd_app` swaps those
 names for the time of the call; everything else (prefill, ingress, options) is Ray's own code.
@@ -55,10 +67,13 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode import builder as pd_builder
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import DPPDDecodeServer, PDDecodeServer
+from ray.serve.exceptions import DeploymentUnavailableError
+from ray.serve.metrics import Counter
 
 from serve_app.spec import PREWARM_KEY
 
@@ -74,6 +89,12 @@ PREWARM_LOGPROBS = 1
 PREWARM_PAUSE_S = 30.0
 # How often decode looks whether its handle to prefill has prefill's replicas, before the prewarm.
 PREFILL_POLL_S = 1.0
+# How often decode looks, while it waits for prefill's answer, whether any prefill replica is left.
+PREFILL_WATCH_S = 0.5
+# What decode's call to prefill raises when the prefill replica it was routed to is gone.
+PREFILL_LOST = (RayActorError, DeploymentUnavailableError)
+# The Ray metric counting requests decode served itself because prefill was gone.
+FALLBACK_METRIC = "pd_prefill_fallbacks"
 
 
 # Request fields P/D cannot honour by design, each with why; a request with one gets HTTP 400.
@@ -160,11 +181,77 @@ class OneTokenPrefill:
         return prefill_request
 
 
+def prefill_replicas(handle: Any) -> int | None:
+    """How many running replicas decode's handle to prefill knows of; None before the handle has a
+    request router (its first request or the background prewarm makes one). Zero as well before
+    Serve's long poll has delivered prefill's first replicas: a prefill that has not come yet."""
+    router = getattr(handle, "_router", None) if handle.is_initialized else None
+    router = getattr(router, "_asyncio_router", router)  # the router on a loop of its own, if so
+    request_router = getattr(router, "_request_router", None)  # read, never made, from here
+    return None if request_router is None else len(request_router.curr_replicas)
+
+
 class OneTokenPrefillPDDecodeServer(PDDecodeServer):
     """Ray's ``PDDecodeServer`` whose prefill requests are valid wherever the client's request is, and
-    which runs a request that cannot be split (:func:`whole_on_decode`) on its own engine."""
+    which runs on its own engine a request that cannot be split (:func:`whole_on_decode`) or whose
+    prefill is gone."""
 
     _one_token_prefill: OneTokenPrefill | None = None
+    _fallbacks: Counter | None = None
+
+    def _prefill_fallback(self, reason: str, error: BaseException | None = None) -> None:
+        """Logs and counts a request decode serves itself because prefill is gone."""
+        if self._fallbacks is None:
+            self._fallbacks = Counter(
+                FALLBACK_METRIC,
+                description="Requests decode served on its own engine because prefill was gone, by reason.",
+                tag_keys=("reason",),
+            )
+        self._fallbacks.inc(tags={"reason": reason})
+        logger.warning("prefill is gone (%s); decode serves the request on its own engine", error or reason)
+
+    async def _prefill_or_here(self, method: str, request: Any, raw_request_info: Any, pd: Any) -> AsyncIterator[Any]:
+        """Ray's P/D answer ``pd``; decode's own when, before its first chunk, the call to prefill fails
+        or every prefill replica is gone while it waits (a request sent to a replica that died is
+        held by Serve's router for the next one)."""
+        first_chunk = asyncio.ensure_future(anext(pd))
+        reason = None
+        while reason is None:
+            done, _ = await asyncio.wait({first_chunk}, timeout=PREFILL_WATCH_S)
+            if done:
+                break
+            if prefill_replicas(self._prefill_handle) == 0:
+                reason = "prefill_replica_lost"
+                first_chunk.cancel()
+        try:
+            first = await first_chunk
+        except StopAsyncIteration:
+            return
+        except asyncio.CancelledError:
+            if reason is None:  # the client's own cancellation
+                raise
+            error: BaseException | None = None
+        except PREFILL_LOST as lost:
+            reason, error = type(lost).__name__, lost
+        else:
+            yield first
+            async for chunk in pd:
+                yield chunk
+            return
+        self._prefill_fallback(reason, error)
+        async for chunk in await getattr(LLMServer, method)(self, request, raw_request_info):
+            yield chunk
+
+    async def _serve(self, method: str, request: Any, raw_request_info: Any) -> AsyncIterator[Any]:
+        if refused := self._refusal(request):
+            return refused
+        if await self._serve_here(request):
+            return await getattr(LLMServer, method)(self, request, raw_request_info)
+        if prefill_replicas(self._prefill_handle) == 0:
+            self._prefill_fallback("no_prefill_replica")
+            return await getattr(LLMServer, method)(self, request, raw_request_info)
+        pd = await getattr(super(), method)(request, raw_request_info)
+        return self._prefill_or_here(method, request, raw_request_info, pd)
 
     def _refusal(self, request: Any) -> AsyncIterator[ErrorResponse] | None:
         """What decode answers to a request with a field P/D refuses, or None."""
@@ -176,18 +263,10 @@ class OneTokenPrefillPDDecodeServer(PDDecodeServer):
         return whole_on_decode(request) is not None
 
     async def chat(self, request, raw_request_info=None):
-        if refused := self._refusal(request):
-            return refused
-        if await self._serve_here(request):
-            return await LLMServer.chat(self, request, raw_request_info)
-        return await super().chat(request, raw_request_info)
+        return await self._serve("chat", request, raw_request_info)
 
     async def completions(self, request, raw_request_info=None):
-        if refused := self._refusal(request):
-            return refused
-        if await self._serve_here(request):
-            return await LLMServer.completions(self, request, raw_request_info)
-        return await super().completions(request, raw_request_info)
+        return await self._serve("completions", request, raw_request_info)
 
     def _get_connector_backend(self) -> Any:
         # Ray's orchestrator and its prewarm shape every prefill request through this backend (the

@@ -66,6 +66,23 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("serve_app/pd_decode.py: prefill_router_ready", "ray.serve.handle", "DeploymentHandle", assigns="_router"),
     Internal("serve_app/pd_decode.py: prefill_router_ready", "ray.serve.handle", "DeploymentHandle.is_initialized"),
     Internal(
+        "serve_app/pd_decode.py: prefill_replicas, the request router read, never made",
+        "ray.serve._private.router",
+        "AsyncioRouter",
+        assigns="_request_router",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: prefill_replicas",
+        "ray.serve._private.request_router.request_router",
+        "RequestRouter.curr_replicas",
+    ),
+    Internal(
+        "serve_app/pd_decode.py: the P/D path's prefill call, which raises these when prefill is gone",
+        f"{_PD}.pd_server",
+        "PDDecodeServer._pd_handle_request",
+        ("request", "raw_request_info"),
+    ),
+    Internal(
         "serve_app/pd_decode.py: prefill_router_ready",
         "ray.serve.handle",
         "DeploymentHandle.running_replicas_populated",

@@ -17,12 +17,14 @@ from typing import Any, TextIO
 
 from local.metrics import (
     NIXL_TRANSFERS,
+    PREFILL_FALLBACKS,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS_BY_SOURCE,
     Sample,
     counter_delta,
     engine_counters,
+    is_engine_counter,
     parse,
     scrape,
     settled,
@@ -35,9 +37,11 @@ from manifests.contract import (
     GPU_RESOURCE,
     HEAD_CONTAINER,
     PHASE_LABEL,
+    RAY_GROUP_LABEL,
     RAY_PODS_SELECTOR,
     WORKER_CONTAINER,
     WORKER_GROUPS,
+    worker_group_name,
 )
 from manifests.hf_token import CSI_DRIVER
 from verify.kube import Kube, KubeError
@@ -68,6 +72,7 @@ HF_TOKEN = "Hugging Face token mounted"
 RAY_AUTH = "Ray token authentication"
 ROLLOUT = "rollout state"
 REUSE = "prefix cache hit rate per phase"
+FALLBACKS = "requests decode served without prefill"
 # Decode re-pulls whole prompts when prefill serves at least this share of its queried prompt tokens
 # from its prefix cache and decode less than this fraction of prefill's share. Every block prefill
 # hits was computed on an earlier turn and pulled by decode then; a decode that keeps what it
@@ -599,6 +604,26 @@ def prefix_reuse(counters: Counters) -> CheckResult:
     return CheckResult(REUSE, not problems, evidence, {"rates": rates})
 
 
+def prefill_fallbacks(counters: Counters) -> CheckResult:
+    """How many requests decode served on its own engine because prefill was gone, by reason, since
+    decode's replicas started: a fact, not a failure (each such request was answered)."""
+    reasons: dict[str, float] = defaultdict(float)
+    for (_, name, reason), value in counters.items():
+        if name == PREFILL_FALLBACKS and value:
+            reasons[reason or "unknown"] += value
+    if not reasons:
+        return CheckResult(FALLBACKS, True, "decode served no request itself for want of prefill since it started")
+    listed = ", ".join(f"{count:,.0f} {reason}" for reason, count in sorted(reasons.items()))
+    return CheckResult(
+        FALLBACKS,
+        True,
+        f"decode served {sum(reasons.values()):,.0f} request(s) on its own engine because prefill was gone ({listed}) "
+        "since it started: prefill replicas died or were all replaced at once; kubectl get pods -l "
+        f"{RAY_GROUP_LABEL}={worker_group_name('prefill')} shows their restarts",
+        {"reasons": dict(reasons)},
+    )
+
+
 def engine_snapshot(metrics_url: str, replicas: Mapping[str, str]) -> Counters:
     """Counters of one metrics endpoint whose replica ids ``replicas`` maps to deployments."""
     return engine_counters(scrape(metrics_url), dict(replicas))
@@ -608,8 +633,10 @@ def _by_label(samples: Mapping[str, list[Sample]]) -> Counters:
     totals: Counters = defaultdict(float)
     for label, found in samples.items():
         for sample in found:
-            if sample.name.startswith("ray_vllm_"):
-                totals[(label, sample.name, sample.labels.get("source", ""))] += sample.value
+            if is_engine_counter(sample.name):
+                totals[(label, sample.name, sample.labels.get("source", sample.labels.get("reason", "")))] += (
+                    sample.value
+                )
     return dict(totals)
 
 
@@ -643,13 +670,18 @@ def verify_kv_reuse(
     before = settled(snapshot, poll, timeout)
     chat = chat_completion_works(base_url, model, api_key=api_key)
     if not chat.passed:
-        return [chat, CheckResult(KV, False, "no completion, so no transfer to measure"), prefix_reuse(before)]
+        return [
+            chat,
+            CheckResult(KV, False, "no completion, so no transfer to measure"),
+            prefix_reuse(before),
+            prefill_fallbacks(before),
+        ]
     deadline = time.monotonic() + timeout
     while True:
         after = snapshot()
         result = kv_transferred(before, after, chat.data["prompt_tokens"])
         if result.passed or time.monotonic() > deadline:
-            return [chat, result, prefix_reuse(after)]
+            return [chat, result, prefix_reuse(after), prefill_fallbacks(after)]
         time.sleep(poll)
 
 
@@ -669,6 +701,7 @@ def replay_endpoint(record: Mapping[str, Any]) -> list[CheckResult]:
         chat,
         kv_transferred(counters["before"], counters["after"], chat.data.get("prompt_tokens", 0)),
         prefix_reuse(counters["after"]),
+        prefill_fallbacks(counters["after"]),
     ]
 
 

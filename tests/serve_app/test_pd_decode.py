@@ -223,12 +223,43 @@ def test_decode_starts_while_prefill_is_late_and_prewarms_once_it_comes(serve_in
     assert status.status == "DEPLOYING" and status.deployments["Decode"].status == "HEALTHY"
     assert status.deployments["Prefill"].status == "UPDATING"
 
+    # No prefill replica yet: a request is served by decode's own engine (nothing to pull), at once,
+    # where Ray's P/D would hold it for a prefill replica until the request timeout.
+    decode = serve.get_deployment_handle("Decode", app_name="ours")
+    assert served_within(decode, 60), "decode held the request for a prefill replica"
+    assert pulled_by(decode) == [None]
+
     gate.touch()
     assert wait_for(lambda: serve.status().applications["ours"].status == "RUNNING")
-    decode = serve.get_deployment_handle("Decode", app_name="ours")
     # The background prewarm went through prefill: decode was asked to pull prefill's KV.
-    assert wait_for(lambda: pulled_by(decode)) == [KV_PARAMS]
+    assert wait_for(lambda: len(pulled_by(decode) or []) > 1) and pulled_by(decode) == [None, KV_PARAMS]
     serve.delete("ours")
+
+
+def served_within(decode, seconds: float) -> bool:
+    """Whether a completion sent to decode ends within ``seconds`` (a daemon thread holds it, so a
+    request that waits forever fails the test, not the run)."""
+    import threading
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest
+
+    model = llm_configs()["decode"].model_id
+    request = CompletionRequest(model=model, prompt="a prompt of some length " * 8, max_tokens=4)
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            for _ in decode.options(stream=True).completions.remote(request):
+                pass
+        except BaseException as error:  # said by the test, not lost in the thread
+            failed.append(error)
+        done.set()
+
+    threading.Thread(target=send, daemon=True).start()
+    finished = done.wait(seconds)
+    assert not failed, failed
+    return finished
 
 
 def test_the_app_builds_decode_with_the_background_prewarm_and_leaves_ray_as_it_was(serve_instance):

@@ -267,8 +267,9 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS chat completion",
         "PASS KV transferred, no recompute",
         "PASS prefix cache hit rate per phase",
+        "PASS requests decode served without prefill",
     ]
-    assert lines[-1] == "12/12 checks passed"
+    assert lines[-1] == "13/13 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -287,7 +288,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
     assert "FAIL prefix cache hit rate per phase: no ray_vllm_prefix_cache_queries_total was read" in out
-    assert out.splitlines()[-1] == "7/12 checks passed"
+    assert out.splitlines()[-1] == "8/13 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -574,4 +575,25 @@ def test_cli_flags_a_recording_whose_decode_re_pulls_whole_prompts(tmp_path):
     assert done.returncode == 1
     assert "PASS KV transferred, no recompute" in done.stdout
     assert "FAIL prefix cache hit rate per phase: decode re-pulls whole prompts over NIXL" in done.stdout
-    assert done.stdout.splitlines()[-1] == "11/12 checks passed"
+    assert done.stdout.splitlines()[-1] == "12/13 checks passed"
+
+
+def test_requests_decode_served_without_prefill_are_reported_by_reason_and_never_fail():
+    # The counter as Ray exports serve_app/pd_decode.py's Serve metric from a decode worker
+    # (tests/local/test_local_disaggregated.py reads the same name from the live server).
+    text = "\n".join(
+        [
+            "# TYPE ray_pd_prefill_fallbacks_total counter",
+            'ray_pd_prefill_fallbacks_total{application="llm",deployment="Decode:qwen",reason="ActorDiedError",replica="r1"} 3.0',
+            'ray_pd_prefill_fallbacks_total{application="llm",deployment="Decode:qwen",reason="no_prefill_replica",replica="r1"} 9.0',
+            'ray_vllm_prefix_cache_queries_total{ReplicaId="r1"} 120.0',
+        ]
+    )
+    result = checks.prefill_fallbacks(checks.phase_counters({f"Decode/{DECODE_POD}": text}))
+    assert result.passed
+    assert result.evidence.startswith(
+        "decode served 12 request(s) on its own engine because prefill was gone (3 ActorDiedError, 9 no_prefill_replica)"
+    )
+    assert "kubectl get pods -l ray.io/group=prefill-gpu" in result.evidence
+    quiet = checks.prefill_fallbacks(checks.phase_counters({f"Decode/{DECODE_POD}": text.split("\n")[-1]}))
+    assert quiet.passed and quiet.evidence == "decode served no request itself for want of prefill since it started"
