@@ -171,7 +171,7 @@ class RayServiceApp(Construct):
             self.namespace.node.add_dependency(gcs_store)
 
         self.api_keys_provider_class = None
-        self.cache_salt: CacheSalt | None = None
+        self.cache_salt = CacheSalt(self, "CacheSalt")
         self.cache_salt_provider_class = None
         if rs.endpoint.api_key_secrets and self.secrets_store:
             self._grant_api_keys(rs.endpoint.api_key_secrets, api_key_key_arns)
@@ -185,7 +185,7 @@ class RayServiceApp(Construct):
             # The keyed ingress reads the files the workers mount there.
             serving = serving.model_copy(update={"api_key_dir": api_keys_manifests.MOUNT_PATH})
             if rs.endpoint.cache_isolation == "per_key":
-                self.cache_salt = CacheSalt(self, "CacheSalt", reader=self.worker_service_account)
+                self.cache_salt.grant_read(self.worker_service_account)
                 self.cache_salt_provider_class = cluster.add_manifest(
                     "CacheSaltSecretProviderClass",
                     api_keys_manifests.salt_provider_class(

@@ -38,6 +38,16 @@ def only(template, resource_type: str) -> tuple[str, dict]:
     return found
 
 
+def store_token(template) -> tuple[str, dict]:
+    """The store's AUTH token among the stack's secrets (every stack has a cache-salt secret too)."""
+    (found,) = [
+        item
+        for item in template.find_resources("AWS::SecretsManager::Secret").items()
+        if "GCS store" in item[1]["Properties"]["Description"]
+    ]
+    return found
+
+
 def test_prod_store_is_valkey_with_a_replica_tls_auth_and_at_rest_encryption(prod):
     stack, template = prod
     logical_id, rg = only(template, RG)
@@ -52,7 +62,7 @@ def test_prod_store_is_valkey_with_a_replica_tls_auth_and_at_rest_encryption(pro
     assert props["Port"] == gcs_store.STORE_PORT
     assert rg["DeletionPolicy"] == "Delete"
     # The AUTH token is a dynamic reference to the stack's secret, resolved by CloudFormation.
-    secret_id, secret = only(template, "AWS::SecretsManager::Secret")
+    secret_id, secret = store_token(template)
     token = json.dumps(props["AuthToken"])
     assert "{{resolve:secretsmanager:" in token and secret_id in token
     assert secret["DeletionPolicy"] == "Delete"
@@ -114,7 +124,7 @@ def test_the_token_reaches_the_head_by_reference_only(prod):
     """The SecretProviderClass names the secret by ARN and syncs it into the Secret that
     redisPassword references; the CSI driver may sync Secrets; the head's role may read this secret."""
     stack, template = prod
-    secret_id, _ = only(template, "AWS::SecretsManager::Secret")
+    secret_id, _ = store_token(template)
     spc = stack.resolve(stack.serving.gcs_provider_class_body)
     assert spc["spec"]["secretObjects"] == [
         {

@@ -63,6 +63,7 @@ VALUES: dict[str, list[Any]] = {
     "serving.*.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.env_vars": [{"VLLM_LOGGING_LEVEL": "DEBUG"}],
     "serving.api_key_dir": ["/etc/pd-serving/api-keys"],
+    "serving.cache_salt_file": ["/etc/pd-serving/cache-salt/salt"],
     "serving.tool_call_parser": ["llama3_json"],
     "serving.reasoning_parser": ["qwen3"],
     "tags": [{"cost-center": "ml-42"}],

@@ -85,7 +85,11 @@ def test_the_store_and_its_token_are_what_the_serving_cluster_uses(prod):
 def test_removing_the_store_the_cluster_serves_from_is_refused_and_says_how_in_two_deploys(prod, capsys):
     config, old = prod
     store = [k for k, r in old["Resources"].items() if r["Type"].startswith("AWS::ElastiCache::")]
-    secret = [k for k, r in old["Resources"].items() if r["Type"] == "AWS::SecretsManager::Secret"]
+    secret = [
+        k
+        for k, r in old["Resources"].items()
+        if r["Type"] == "AWS::SecretsManager::Secret" and "GCS store" in r["Properties"]["Description"]
+    ]
     new = without(old, *store, *secret)
     summary = summarize(old, new, removed(old, new), config=config)
     for logical_id in (*[k for k in store if old["Resources"][k]["Type"] == REPLICATION_GROUP], *secret):

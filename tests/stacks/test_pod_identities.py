@@ -18,6 +18,7 @@ import yaml
 
 from config.schema import DeployFacts
 from kuberay.oracle import ray_start_resources, redis_cleanup_pod
+from manifests import api_keys
 from manifests.hf_token import CSI_DRIVER
 from manifests.ray_service import streamer_wheels_location
 from tests.conftest import CONFIG_DIR
@@ -306,6 +307,14 @@ def test_the_cases_cover_every_secret_and_s3_read(case):
     assert workers
     for worker in workers:
         expected = {secret_arn(s, stack) for s in config.ray_service.endpoint.api_key_secrets}
+        if config.ray_service.endpoint.api_key_secrets and config.ray_service.endpoint.cache_isolation == "per_key":
+            # The stack's own cache-salt secret, as its provider class names it.
+            (salt,) = [
+                yaml.safe_load(o["spec"]["parameters"]["objects"])[0]["objectName"]
+                for o in objects
+                if o["kind"] == "SecretProviderClass" and o["metadata"]["name"] == api_keys.SALT_PROVIDER_CLASS
+            ]
+            expected.add(secret_arn(salt, stack))
         if config.serving.model.hf_token_secret:
             expected.add(secret_arn(config.serving.model.hf_token_secret, stack))
         assert mounted_secrets(worker, objects, stack) == expected
