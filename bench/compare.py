@@ -93,9 +93,7 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
         if kwargs["workload"].repeated:
-            from bench.next_turn import counters_of
-
-            kwargs["counters"] = counters_of(server)
+            kwargs["counters"] = server.counters
         rows = run_workload(url=server.base_url, **kwargs)
         ttft = probe_ttft(
             server.base_url,

@@ -331,11 +331,6 @@ def two_replica_spec(base: Path, phase: str, router: str, folder: Path) -> Path:
     return path
 
 
-def counters_of(server):
-    """A settled snapshot of every engine's counters: in the cluster's shape each node exports its own."""
-    return server.counters
-
-
 def run_local(mode: str, spec: Path | None, ha: bool, **kwargs) -> Turns:
     from local.harness import LocalServer
 
@@ -343,7 +338,7 @@ def run_local(mode: str, spec: Path | None, ha: bool, **kwargs) -> Turns:
         mode=mode, spec=spec, extra_args=["--gcs-fault-tolerance"] if ha else [], port=8000, metrics_port=8085
     ).start()
     try:
-        return converse(server.base_url, server.status["model"], counters=counters_of(server), **kwargs)
+        return converse(server.base_url, server.status["model"], counters=server.counters, **kwargs)
     finally:
         server.stop()
 

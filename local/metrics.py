@@ -78,10 +78,22 @@ def serve_replica_deployments(samples: list[Sample]) -> dict[str, str]:
     }
 
 
+def known_replica_of(sample: Sample, replicas: dict[str, str]) -> str | None:
+    """The id, as ``replicas`` (replica id to deployment) names it, of the replica that exported
+    ``sample``; None for a replica it does not name."""
+    replica = replica_of(sample)
+    return next((rid for rid in replicas if rid == replica or replica.endswith(rid)), None)
+
+
 def deployment_of(sample: Sample, replicas: dict[str, str]) -> str:
     """The deployment of the replica that exported ``sample`` (``replicas``: replica id to deployment)."""
-    replica = replica_of(sample)
-    return next((name for rid, name in replicas.items() if rid == replica or replica.endswith(rid)), replica)
+    rid = known_replica_of(sample, replicas)
+    return replicas[rid] if rid is not None else replica_of(sample)
+
+
+def counter_source(sample: Sample) -> str:
+    """What a counter's sample is counted by: vLLM's ``source`` label, or the fallbacks' ``reason``."""
+    return sample.labels.get("source", sample.labels.get("reason", ""))
 
 
 def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tuple[str, str, str], float]:
@@ -93,8 +105,7 @@ def engine_counters(samples: list[Sample], replicas: dict[str, str]) -> dict[tup
     for sample in samples:
         if not is_engine_counter(sample.name):
             continue
-        source = sample.labels.get("source", sample.labels.get("reason", ""))
-        totals[(deployment_of(sample, replicas), sample.name, source)] += sample.value
+        totals[(deployment_of(sample, replicas), sample.name, counter_source(sample))] += sample.value
     return dict(totals)
 
 
@@ -105,10 +116,9 @@ def replica_counters(
     ``deployment_prefix``… (``replicas``: replica id to deployment, as for :func:`engine_counters`)."""
     totals: dict[str, float] = defaultdict(float)
     for sample in samples:
-        if sample.name != metric or sample.labels.get("source", "") != source:
+        if sample.name != metric or counter_source(sample) != source:
             continue
-        replica = replica_of(sample)
-        rid = next((rid for rid in replicas if rid == replica or replica.endswith(rid)), None)
+        rid = known_replica_of(sample, replicas)
         if rid is not None and replicas[rid].startswith(deployment_prefix):
             totals[rid] += sample.value
     return dict(totals)

@@ -185,8 +185,9 @@ def prefill_replicas(handle: Any) -> int | None:
     """How many running replicas decode's handle to prefill knows of; None before the handle has a
     request router (its first request or the background prewarm makes one). Zero as well before
     Serve's long poll has delivered prefill's first replicas: a prefill that has not come yet."""
-    router = getattr(handle, "_router", None) if handle.is_initialized else None
-    router = getattr(router, "_asyncio_router", router)  # the router on a loop of its own, if so
+    router = handle._router if handle.is_initialized else None
+    # The router on a loop of its own, if so (as prefill_router_ready finds it).
+    router = getattr(router, "_asyncio_router", router)
     request_router = getattr(router, "_request_router", None)  # read, never made, from here
     return None if request_router is None else len(request_router.curr_replicas)
 

@@ -31,7 +31,8 @@ TURNS = 3
 def decode_counters(server, metric: str) -> dict[str, float]:
     from local.metrics import replica_counters, scrape
 
-    return replica_counters(scrape(server.status["metrics_url"]), server.replicas(), "Decode", metric)
+    samples = [sample for url in server.metrics_urls() for sample in scrape(url)]
+    return replica_counters(samples, server.replicas(), "Decode", metric)
 
 
 def served_by(server, before: dict[str, float], timeout: float = 30) -> tuple[str, dict[str, float]]:
