@@ -14,7 +14,9 @@ brings, a prefill replica that waits for one) would fail decode, and the app wit
 handshake) after the constructor has returned, as a task of the replica's event loop, and starts it
 again after ``PREWARM_PAUSE_S`` whenever Ray's gives up: a failure is logged, never raised. Until it
 has gone through, requests do what they do with prewarm off: the first one to reach a prefill
-replica does its handshake.
+replica does its handshake. It runs again whenever a prefill replica it has not prewarmed joins
+(a replacement for one that died, a scale-up), before that replica's first client request if the
+replica is seen first by decode's poll (each ``PREFILL_POLL_S``) rather than by a request.
 
 Ray's prefill request (``clamp_request_to_single_token`` in ray.llm's ``kv_transfer/base.py``) sets
 ``max_tokens`` to 1 and keeps every other field of the client's request, so a field that vLLM checks
@@ -47,7 +49,9 @@ the same model, so every decode class here runs a request on its own engine, who
 to prefill knows no running prefill replica (the only one died and its replacement is still loading
 the model: minutes on a GPU, during which Ray's router would hold the request until
 ``request_timeout_s`` and answer 408), when the call to prefill fails because the replica died
-under it (Ray's ``RayActorError`` family, Serve's ``DeploymentUnavailableError``), and when every
+under it (Ray's ``RayActorError`` family, Serve's ``DeploymentUnavailableError``) or prefill failed
+(it raised, or answered with a server error, HTTP 5xx, as a replica whose engine died does; a
+request prefill refused with a 4xx gets that answer, which decode's engine would give too), and when every
 prefill replica is gone while the request waits for prefill's answer (Serve's router holds a request
 whose replica died for the next replica), each before anything was streamed to the client. Each such request is logged and counted in the Ray metric
 ``pd_prefill_fallbacks`` (exported as ``ray_pd_prefill_fallbacks_total``, by reason), which
@@ -171,6 +175,9 @@ class OneTokenPrefill:
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
+        # The ids of the client requests in flight whose prefill has answered (decode forgets each
+        # when its answer is decided).
+        self.past_prefill: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
@@ -179,6 +186,29 @@ class OneTokenPrefill:
         prefill_request = self._backend.prepare_prefill_request(request=request, peer=peer)
         fit_prefill_to_one_token(prefill_request)
         return prefill_request
+
+    def prepare_decode_request(self, *, request: Any, peer: Any, prefill_response: Any) -> Any:
+        # Ray's orchestration shapes decode's request only once prefill answered: from here on an
+        # error is decode's own, which serving the request on decode again would not mend.
+        self.past_prefill.add(id(request))
+        return self._backend.prepare_decode_request(request=request, peer=peer, prefill_response=prefill_response)
+
+
+def server_error(chunk: Any) -> bool:
+    """Whether ``chunk`` is an answer of a failed server (HTTP 5xx), not of a request it refused: a
+    request prefill refused would be refused by decode's engine, the same model, as well."""
+    return isinstance(chunk, ErrorResponse) and int(chunk.error.code or 500) >= 500
+
+
+def prefill_replica_ids(handle: Any) -> frozenset | None:
+    """The running replicas decode's handle to prefill knows of; None before it has a request router."""
+    router = handle._router if handle.is_initialized else None
+    router = getattr(router, "_asyncio_router", router)
+    request_router = getattr(router, "_request_router", None)
+    if request_router is None:
+        return None
+    # Read from this thread while the router's own loop may replace it: a copy, taken at once.
+    return frozenset(list(request_router.curr_replicas))
 
 
 def prefill_replicas(handle: Any) -> int | None:
@@ -213,32 +243,43 @@ class OneTokenPrefillPDDecodeServer(PDDecodeServer):
 
     async def _prefill_or_here(self, method: str, request: Any, raw_request_info: Any, pd: Any) -> AsyncIterator[Any]:
         """Ray's P/D answer ``pd``; decode's own when, before its first chunk, the call to prefill fails
-        or every prefill replica is gone while it waits (a request sent to a replica that died is
-        held by Serve's router for the next one)."""
+        (prefill's replica died under it, or prefill answered with a server error or raised) or every
+        prefill replica is gone while it waits (a request sent to a replica that died is held by
+        Serve's router for the next one)."""
+        past_prefill = self._get_connector_backend().past_prefill
         first_chunk = asyncio.ensure_future(anext(pd))
         reason = None
-        while reason is None:
-            done, _ = await asyncio.wait({first_chunk}, timeout=PREFILL_WATCH_S)
-            if done:
-                break
-            if prefill_replicas(self._prefill_handle) == 0:
-                reason = "prefill_replica_lost"
-                first_chunk.cancel()
         try:
-            first = await first_chunk
-        except StopAsyncIteration:
-            return
-        except asyncio.CancelledError:
-            if reason is None:  # the client's own cancellation
-                raise
+            while reason is None:
+                done, _ = await asyncio.wait({first_chunk}, timeout=PREFILL_WATCH_S)
+                if done:
+                    break
+                if prefill_replicas(self._prefill_handle) == 0 and id(request) not in past_prefill:
+                    reason = "prefill_replica_lost"
+                    first_chunk.cancel()
             error: BaseException | None = None
-        except PREFILL_LOST as lost:
-            reason, error = type(lost).__name__, lost
-        else:
-            yield first
-            async for chunk in pd:
-                yield chunk
-            return
+            try:
+                first = await first_chunk
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if reason is None:  # the client's own cancellation
+                    raise
+            except PREFILL_LOST as lost:
+                reason, error = type(lost).__name__, lost
+            except Exception as failed:
+                if id(request) in past_prefill:  # decode's own failure
+                    raise
+                reason, error = "prefill_error", failed
+            else:
+                if id(request) in past_prefill or not server_error(first):
+                    yield first
+                    async for chunk in pd:
+                        yield chunk
+                    return
+                reason, error = "prefill_error", RuntimeError(first.error.message)
+        finally:
+            past_prefill.discard(id(request))
         self._prefill_fallback(reason, error)
         async for chunk in await getattr(LLMServer, method)(self, request, raw_request_info):
             yield chunk
@@ -312,6 +353,8 @@ class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
 
     _prewarm_task: asyncio.Task | None = None
 
+    _prewarmed: frozenset = frozenset()
+
     def _make_dummy_request(self, model_id: str) -> Any:
         # vLLM compiles its logprobs kernel (batched_count_greater_than, torch.compile in
         # v1/sample/ops/logprobs.py) in each engine at the first request that asks for logprobs:
@@ -326,13 +369,20 @@ class BackgroundPrewarmPDDecodeServer(OneTokenPrefillPDDecodeServer):
         self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_until_done())
 
     async def _prewarm_until_done(self) -> None:
+        """Ray's prewarm, once prefill has replicas, and again whenever a replica decode has not
+        prewarmed joins them (a replacement, a scale-up), so no new replica does its handshake on a
+        client's request. Runs for the replica's life: a look each ``PREFILL_POLL_S``."""
         if not self._llm_config.experimental_configs.get(PREWARM_KEY):
             return
         while True:
             try:
                 if await prefill_router_ready(self._prefill_handle):
-                    await super()._maybe_prewarm()
-                    return
+                    replicas = prefill_replica_ids(self._prefill_handle) or frozenset()
+                    if not replicas <= self._prewarmed:
+                        # Ray's prewarm reaches every prefill replica; a known one answers a dummy
+                        # request again, a new one does its handshake.
+                        await super()._maybe_prewarm()
+                        self._prewarmed = replicas
                 await asyncio.sleep(PREFILL_POLL_S)
                 continue
             except Exception:

@@ -19,6 +19,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the serving stack (requirements-serve.txt) is not installed")
 pytestmark = pytest.mark.serving
 
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse  # noqa: E402
 from ray.llm._internal.serve.core.engine.protocol import LLMEngine  # noqa: E402
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (  # noqa: E402
     DPPDDecodeServer,
@@ -37,6 +38,9 @@ from serve_app.pd_decode import (  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 KV_PARAMS = {"remote_engine_id": "prefill-0", "remote_block_ids": [1, 2], "remote_host": "127.0.0.1"}
+# A prompt with one of these makes prefill's engine answer with that HTTP status, as vLLM's does when
+# its engine died (500) or when it refuses a request (400).
+PREFILL_ERRORS = {"prefill-engine-died": 500, "prefill-refuses": 400}
 
 
 class Chunk:
@@ -57,6 +61,10 @@ class AnsweringEngine(LLMEngine):
 
     async def completions(self, request, raw_request_info=None):
         if request.kv_transfer_params and request.kv_transfer_params.get("do_remote_decode"):
+            for marker, code in PREFILL_ERRORS.items():
+                if marker in str(request.prompt):
+                    yield ErrorResponse(error=ErrorInfo(message=marker, type="Error", code=code))
+                    return
             yield Chunk(KV_PARAMS)  # prefill: the KV is ready for a remote decode
         else:
             self.pulled.append(request.kv_transfer_params)
@@ -112,11 +120,18 @@ class OurDecode(BackgroundPrewarmPDDecodeServer):
 
 
 class LatePrefill(PDPrefillServer):
-    async def __init__(self, *args, until: str, **kwargs):
+    async def __init__(self, *args, until: str, first_at_once: str | None = None, **kwargs):
+        """Starts once ``until`` exists; with ``first_at_once``, the first replica (the one that makes
+        that file) starts at once and only the others wait, as a replica added later does."""
         import asyncio
 
-        while not os.path.exists(until):
-            await asyncio.sleep(0.1)
+        try:
+            if first_at_once is None:
+                raise FileExistsError
+            os.close(os.open(first_at_once, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            while not os.path.exists(until):
+                await asyncio.sleep(0.1)
         await super().__init__(*args, **kwargs)
 
 
@@ -150,13 +165,20 @@ def llm_configs():
     return {phase: LLMConfig(**spec.llm_config(phase)) for phase in ("prefill", "decode")}
 
 
-def deploy(serve, name: str, decode_cls: type, until: Path):
+def deploy(
+    serve, name: str, decode_cls: type, until: Path, *, prefill_replicas: int = 1, first_at_once: Path | None = None
+):
     configs = llm_configs()
     options = {"ray_actor_options": {"num_cpus": 0}}
     prefill = (
         serve.deployment(LatePrefill)
-        .options(name="Prefill", **options)
-        .bind(configs["prefill"], engine_cls=AnsweringEngine, until=str(until))
+        .options(name="Prefill", num_replicas=prefill_replicas, **options)
+        .bind(
+            configs["prefill"],
+            engine_cls=AnsweringEngine,
+            until=str(until),
+            first_at_once=str(first_at_once) if first_at_once else None,
+        )
     )
     decode = (
         serve.deployment(decode_cls)
@@ -234,6 +256,52 @@ def test_decode_starts_while_prefill_is_late_and_prewarms_once_it_comes(serve_in
     # The background prewarm went through prefill: decode was asked to pull prefill's KV.
     assert wait_for(lambda: len(pulled_by(decode) or []) > 1) and pulled_by(decode) == [None, KV_PARAMS]
     serve.delete("ours")
+
+
+def test_a_prefill_replica_that_joins_later_is_prewarmed_too(serve_instance, tmp_path):
+    """A replacement for a prefill replica that died, or one added by a scale-up: decode prewarms it
+    as it prewarmed the first, before a client's request does its handshake."""
+    serve = serve_instance
+    gate = tmp_path / "second-prefill-may-start"
+    deploy(serve, "joins", OurDecode, until=gate, prefill_replicas=2, first_at_once=tmp_path / "first")
+    decode = wait_for(lambda: decode_status(serve, "joins") == "HEALTHY") and serve.get_deployment_handle(
+        "Decode", app_name="joins"
+    )
+    # The first prefill replica was prewarmed: decode pulled its KV once.
+    assert wait_for(lambda: pulled_by(decode)) == [KV_PARAMS]
+    gate.touch()
+    assert wait_for(lambda: serve.status().applications["joins"].status == "RUNNING")
+    # Ray's prewarm ran again, through both replicas, without a client request.
+    assert wait_for(lambda: len(pulled_by(decode) or []) >= 3) and pulled_by(decode) == [KV_PARAMS] * 3
+    serve.delete("joins")
+
+
+def completion_through(decode, prompt: str) -> list:
+    """The chunks decode streams for a completion of ``prompt``."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest
+
+    request = CompletionRequest(model=llm_configs()["decode"].model_id, prompt=prompt, max_tokens=4)
+    return list(decode.options(stream=True).completions.remote(request))
+
+
+def test_a_prefill_that_answers_with_a_server_error_is_served_by_decode(serve_instance, tmp_path):
+    serve = serve_instance
+    gate = tmp_path / "prefill-may-start"
+    gate.touch()
+    deploy(serve, "errs", OurDecode, until=gate)
+    assert wait_for(lambda: serve.status().applications["errs"].status == "RUNNING")
+    decode = serve.get_deployment_handle("Decode", app_name="errs")
+    assert wait_for(lambda: pulled_by(decode)) == [KV_PARAMS]  # the prewarm
+
+    # Prefill's engine died (500): decode serves the request whole (nothing to pull) and no error reaches the client.
+    chunks = completion_through(decode, "prefill-engine-died " * 8)
+    assert not any(isinstance(chunk, ErrorResponse) for chunk in chunks)
+    assert pulled_by(decode) == [KV_PARAMS, None]
+    # Prefill refused the request (400): decode's engine, the same model, would too; the answer is prefill's.
+    chunks = completion_through(decode, "prefill-refuses " * 8)
+    assert [chunk.error.code for chunk in chunks] == [400]
+    assert pulled_by(decode) == [KV_PARAMS, None]
+    serve.delete("errs")
 
 
 def served_within(decode, seconds: float) -> bool:
