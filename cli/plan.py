@@ -23,7 +23,7 @@ import sys
 from cmdline import ArgumentParser
 from config.loader import ConfigError, load_config
 from planner import PlanningError, render_text
-from planner.advisor import advise, with_calibration
+from planner.advisor import advise, local_prefill_cap, with_calibration
 from planner.advisor_report import render_advice
 from planner.band import verdict_band
 from planner.from_config import advisor_inputs, plan_config
@@ -56,6 +56,23 @@ def share(value: str) -> float:
             "e.g. 0.8 for 80%"
         )
     return number
+
+
+def cap_sentence(cap: int, batch: int, slo: Slo, configured: int) -> str:
+    """What `make plan` says of serving.pd_max_local_prefill_tokens."""
+    figure = (
+        f"decode can prefill up to {cap} tokens of a prompt beside {batch} streams within the ITL target "
+        f"({slo.itl_ms:g} ms)"
+        if cap
+        else f"decode cannot prefill even a short prompt beside {batch} streams within the ITL target ({slo.itl_ms:g} ms)"
+    )
+    if configured <= cap:
+        advice = "within it"
+    elif cap:
+        advice = f"above it: lower it to {cap} to keep the ITL target"
+    else:
+        advice = "so set serving.pd_min_prompt_tokens: 0 (every prompt through prefill) to keep the ITL target"
+    return f"Local prefill cap: {figure}; serving.pd_max_local_prefill_tokens is {configured}, {advice}."
 
 
 def parser() -> ArgumentParser:
@@ -125,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             fit = calibrate_file(args.calibration, inputs)
             inputs = with_calibration(inputs, fit.efficiency, fit.link)
         advice = advise(inputs, workload, slo)
+        cap_batch = concurrency or settings.typical_concurrency
+        cap = local_prefill_cap(inputs, slo, cap_batch)
         band = verdict_band(inputs, advice)
         reuse = reuse_verdicts(inputs, advice)
     except ConfigError as exc:
@@ -137,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         data = advice.as_dict()
         data["recommendation"]["band"] = band.as_dict()
         data["prefix_hits"] = reuse.as_dict()
+        data["local_prefill_cap"] = {
+            "tokens": cap,
+            "decode_batch": cap_batch,
+            "configured": config.serving.pd_max_local_prefill_tokens,
+        }
         if fit is not None:
             data["calibration"] = fit.as_dict()
         print(json.dumps(data, indent=2))
@@ -149,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(reuse.verdict_sentence())
     if reuse.share:
         print(reuse.saving_sentence())
+    print(cap_sentence(cap, cap_batch, slo, config.serving.pd_max_local_prefill_tokens))
     return 0 if report.ok else 1
 
 

@@ -180,6 +180,13 @@ def recommended_threshold(decode: EngineSpec, decode_batch: float, slo: Slo, max
     return best
 
 
+def local_prefill_cap(inputs: AdvisorInputs, slo: Slo, decode_batch: int) -> int:
+    """The longest prefill decode's GPU can run beside ``decode_batch`` streams while its step stays
+    within the ITL target: what ``serving.pd_max_local_prefill_tokens`` should be for this model and
+    GPU (serve_app/selective.py never prefills more on decode by its own choice)."""
+    return recommended_threshold(_fleet(inputs)[1], decode_batch, slo, inputs.max_model_len)
+
+
 def advise(inputs: AdvisorInputs, workload: Workload, slo: Slo) -> Advice:
     for what, nodes in (("prefill", inputs.prefill_max_nodes), ("decode", inputs.decode_max_nodes)):
         if nodes < 1:

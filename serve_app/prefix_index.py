@@ -8,11 +8,13 @@ hash covers its tokens and its parent's hash, so a hit on block n means blocks 0
 full blocks are cached). llm-d's ``prefix-based-pd-decider`` decides on the same estimate (an
 approximate prefix index of the decode endpoint, matched full blocks times the block size).
 
-It is an estimate: the engine evicts blocks under memory pressure unseen, and also caches blocks
-the replica never saw (a reply's tokens). A wrong estimate costs time, never a wrong answer: a
-prompt taken for cached when it was evicted is computed whole on decode (a longer local prefill
-than the threshold meant to allow); one taken for uncached goes through prefill and NIXL, which
-pulls only what decode lacks.
+It is an estimate, fed with what the engine finished (serve_app/selective.py's ``ServedPrompts``:
+each prompt with its reply, as the engine's token ids, which vLLM caches alike) and bounded by the
+engine's free blocks (its blocks less those its running requests hold, which no cached prefix can
+keep). The engine still evicts unseen when the estimate of what is held is off. A wrong estimate
+costs time, never a wrong answer: a prompt taken for cached when it was evicted is computed whole on
+decode (a longer local prefill than the threshold meant to allow); one taken for uncached goes
+through prefill and NIXL, which pulls only what decode lacks.
 """
 
 from __future__ import annotations
@@ -48,8 +50,14 @@ class PrefixIndex:
             hashes.append(parent)
         return hashes
 
-    def cached_tokens(self, tokens: Sequence[int], salt: Hashable = None) -> int:
-        """How many of ``tokens``' leading tokens the engine would serve from its cache."""
+    def _evict(self, reserved_blocks: int) -> None:
+        while self._blocks and len(self._blocks) > self.capacity_blocks - reserved_blocks:
+            self._blocks.popitem(last=False)
+
+    def cached_tokens(self, tokens: Sequence[int], salt: Hashable = None, *, reserved_blocks: int = 0) -> int:
+        """How many of ``tokens``' leading tokens the engine would serve from its cache, while
+        ``reserved_blocks`` of its blocks are held by running requests."""
+        self._evict(reserved_blocks)
         # vLLM computes at least a prompt's last token (for its logits), so a prompt of whole blocks
         # hits one block fewer (get_computed_blocks in vllm/v1/core/kv_cache_manager.py:
         # max_cache_hit_length = num_tokens - 1).
@@ -60,13 +68,13 @@ class PrefixIndex:
             matched += 1
         return matched * self.block_size
 
-    def add(self, tokens: Sequence[int], salt: Hashable = None) -> None:
-        """Records that the engine now holds ``tokens``' full blocks."""
+    def add(self, tokens: Sequence[int], salt: Hashable = None, *, reserved_blocks: int = 0) -> None:
+        """Records that the engine now holds ``tokens``' full blocks, ``reserved_blocks`` of its blocks
+        being held by running requests."""
         # A prompt's tail blocks are dropped before its head, as vLLM frees a request's blocks in
         # reverse order "so that the tail blocks are evicted first" (free in
         # vllm/v1/core/single_type_kv_cache_manager.py): a shared head outlives the tails after it.
         for block_hash in reversed(self._hashes(tokens, salt, len(tokens) // self.block_size)):
             self._blocks[block_hash] = None
             self._blocks.move_to_end(block_hash)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+        self._evict(reserved_blocks)

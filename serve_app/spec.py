@@ -45,6 +45,12 @@ ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
 # The key of decode's experimental_configs that carries pd_min_prompt_tokens to serve_app/selective.py
 # (Ray carries it and reads it not).
 SELECTIVE_THRESHOLD_KEY = "pd_min_prompt_tokens"
+# The key that carries pd_max_local_prefill_tokens beside it.
+SELECTIVE_CAP_KEY = "pd_max_local_prefill_tokens"
+# The longest prefill decode can run beside a batch of 8 streams while its step stays within a 100 ms
+# ITL target, for the default model (Qwen2.5-7B-Instruct, bf16) on its GPU (g6.8xlarge, one L4), in
+# the advisor's step model (planner.advisor.recommended_threshold; tests derive it again).
+DEFAULT_LOCAL_PREFILL_CAP = 512
 # vLLM's front-end flag (FrontendArgs, which Ray Serve LLM fills from engine_kwargs) that adds
 # usage.prompt_tokens_details.cached_tokens to every answer.
 PROMPT_TOKENS_DETAILS = "enable_prompt_tokens_details"
@@ -554,6 +560,19 @@ class ServingSpec(SpecModel):
             "`make plan` recommends a value for a workload."
         ),
     )
+    pd_max_local_prefill_tokens: int = Field(
+        default=DEFAULT_LOCAL_PREFILL_CAP,
+        gt=0,
+        description=(
+            "P/D with pd_min_prompt_tokens only: the most tokens of one prompt that selective P/D lets decode "
+            "compute itself, whatever pd_min_prompt_tokens says (the lower of the two decides). A prefill on "
+            "decode lengthens the step of every stream decode runs; the default, 512, keeps that step within "
+            "a 100 ms ITL target beside 8 streams for the default model on its GPU (Qwen2.5-7B on one L4). "
+            "`make plan` prints the figure for this config's model, GPU and planner targets. It governs "
+            "only selective P/D's choice: a request P/D cannot split, and a request whose prefill is gone, "
+            "run on decode whatever their length."
+        ),
+    )
     request_timeout_s: float = Field(
         default=600,
         gt=0,
@@ -874,6 +893,7 @@ class ServingSpec(SpecModel):
             experimental["pd_tokenize_once"] = True
         if phase == "decode" and self.pd_min_prompt_tokens:
             experimental[SELECTIVE_THRESHOLD_KEY] = self.pd_min_prompt_tokens
+            experimental[SELECTIVE_CAP_KEY] = self.pd_max_local_prefill_tokens
         return experimental
 
     def builder_args(self) -> tuple[str, dict[str, Any]]:

@@ -241,6 +241,47 @@ def test_a_next_turn_whose_remainder_decode_lacks_is_short_never_reaches_prefill
     assert counter_delta(between, after, "Decode", NIXL_TRANSFERS) == 0
 
 
+# A reply this long leaves history + reply, less the reply's last token (sampled, never computed), at
+# 640 tokens: whole KV blocks whatever decode's block size (the CPU build's 128, a GPU's 16).
+LONG_REPLY_TOKENS = 129
+
+
+def test_a_next_turn_after_a_long_reply_never_reaches_prefill(server, client):
+    """Decode records a turn once its engine served it, with the reply's token ids as the engine made
+    them, whose blocks vLLM caches like the prompt's: the next turn resends history and reply, and
+    what decode lacks is the new message alone. Recorded with the prompt only, the reply would count
+    as uncached (longer than the threshold) and the next turn would go through prefill."""
+    from bench.next_turn import history_of
+
+    threshold = local_threshold()
+    first = post_json(
+        server,
+        "/completions",
+        {
+            "model": MODEL,
+            "prompt": history_of(HISTORY_TOKENS),
+            "max_tokens": LONG_REPLY_TOKENS,
+            "ignore_eos": True,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
+    choice = first["choices"][0]
+    history, reply = choice["prompt_token_ids"], choice["token_ids"]
+    assert (len(history), len(reply)) == (HISTORY_TOKENS, LONG_REPLY_TOKENS)
+    assert LONG_REPLY_TOKENS > threshold, "the reply alone must be longer than the threshold"
+    message = history[: threshold // 2]
+    before = server.counters()
+    response = client.completions.create(model=MODEL, prompt=history + reply + message, max_tokens=4, temperature=0)
+    cached = HISTORY_TOKENS + LONG_REPLY_TOKENS - 1
+    assert response.usage.prompt_tokens == cached + 1 + len(message)
+    after = wait_for_counters(server, before, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_cache_hit", cached)
+    assert counter_delta(before, after, "Prefill", FINISHED_REQUESTS) == 0
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_cache_hit") == cached
+    assert counter_delta(before, after, "Decode", PROMPT_TOKENS_BY_SOURCE, "local_compute") == 1 + len(message)
+    assert counter_delta(before, after, "Decode", NIXL_TRANSFERS) == 0
+
+
 # Requests P/D cannot split run whole on decode, whatever the prompt's length ---------------------
 
 # Each a prompt long enough for remote prefill (the threshold of config/local.yaml is far below it).

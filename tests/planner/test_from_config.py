@@ -167,3 +167,37 @@ def test_advisor_judges_at_any_percentile_the_schema_allows(percentile):
     data["planner"] = {"slo_percentile": percentile}
     config = parse_config(data)
     advisor_warning(config, plan_config(config))  # raised KeyError for a percentile outside 50/90/99
+
+
+def test_the_local_prefill_caps_default_is_the_advisors_figure_for_the_default_model_on_its_gpu():
+    """serving.pd_max_local_prefill_tokens' default keeps decode's step within the default ITL target
+    beside the default concurrency, for the shipped model and GPU: derived again here, so a change of
+    the step model, the model or the GPU that moves the figure fails until the default follows."""
+    from config.schema.planner import PlannerSettings
+    from planner.advisor import local_prefill_cap
+    from planner.from_config import advisor_inputs, plan_config
+    from planner.simulate import Slo
+    from serve_app.spec import DEFAULT_LOCAL_PREFILL_CAP, ServingSpec
+
+    _, config = _config_with()
+    defaults = PlannerSettings()
+    slo = Slo(defaults.ttft_slo_ms, defaults.itl_slo_ms, defaults.slo_percentile)
+    cap = local_prefill_cap(advisor_inputs(config, plan_config(config)), slo, defaults.typical_concurrency)
+    assert cap == DEFAULT_LOCAL_PREFILL_CAP == ServingSpec.model_fields["pd_max_local_prefill_tokens"].default
+
+
+def test_make_plan_prints_the_local_prefill_cap_and_what_to_set(capsys):
+    import json
+
+    from cli.plan import main
+    from tests.conftest import CONFIG_DIR
+
+    assert main([str(CONFIG_DIR / "dev.yaml"), "--json"]) == 0
+    cap = json.loads(capsys.readouterr().out)["local_prefill_cap"]
+    assert cap["tokens"] > 0 and cap["configured"] == 512
+    # A tighter ITL target lowers the figure, and the text says to lower the setting to it.
+    main([str(CONFIG_DIR / "dev.yaml"), "--itl-slo-ms", "80", "--json"])
+    tight = json.loads(capsys.readouterr().out)["local_prefill_cap"]["tokens"]
+    assert 0 < tight < cap["tokens"]
+    main([str(CONFIG_DIR / "dev.yaml"), "--itl-slo-ms", "80"])
+    assert f"serving.pd_max_local_prefill_tokens is 512, above it: lower it to {tight} " in capsys.readouterr().out

@@ -87,3 +87,18 @@ def test_without_a_known_capacity_it_is_bounded_still():
     assert len(index) == DEFAULT_CAPACITY_BLOCKS
     assert index.cached_tokens([0, 1]) == 0
     assert index.cached_tokens([DEFAULT_CAPACITY_BLOCKS, 1]) == 1
+
+
+def test_blocks_held_by_running_requests_shorten_what_it_claims():
+    # The engine keeps cached prefixes only in blocks no running request holds: with 3 of its 6
+    # blocks held by streams, the least recent of the 4 cached blocks cannot still be there.
+    index = PrefixIndex(BLOCK, capacity_blocks=6)
+    index.add(old := tokens(0, 2 * BLOCK))
+    index.add(recent := tokens(1000, 2 * BLOCK))
+    assert index.cached_tokens(old + [1]) == 2 * BLOCK
+    assert index.cached_tokens(recent + [1], reserved_blocks=3) == 2 * BLOCK
+    assert len(index) == 3
+    assert index.cached_tokens(old + [1]) == BLOCK
+    # A request that finishes is recorded while the others still hold theirs.
+    index.add(tokens(2000, BLOCK), reserved_blocks=5)
+    assert len(index) == 1

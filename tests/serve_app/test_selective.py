@@ -117,3 +117,139 @@ def test_a_tiny_model_made_with_another_template_gets_the_current_one(tmp_path):
     ensure_tiny_model(tmp_path)
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
     assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_the_cap_bounds_the_threshold_on_decode(local_ray):
+    from serve_app.spec import DEFAULT_LOCAL_PREFILL_CAP, SELECTIVE_CAP_KEY
+
+    configs = decode_deployment(cluster_spec(pd_min_prompt_tokens=2048)).init_kwargs["llm_config"].experimental_configs
+    assert configs[SELECTIVE_CAP_KEY] == DEFAULT_LOCAL_PREFILL_CAP
+    capped = cluster_spec(pd_min_prompt_tokens=2048, pd_max_local_prefill_tokens=100)
+    configs = decode_deployment(capped).init_kwargs["llm_config"].experimental_configs
+    assert (configs[SELECTIVE_THRESHOLD_KEY], configs[SELECTIVE_CAP_KEY]) == (2048, 100)
+
+
+class Decider:
+    """The selective decision's limit read as SelectivePDDecodeServer reads it."""
+
+    def __init__(self, configs: dict) -> None:
+        self._llm_config = type("LLMConfig", (), {"experimental_configs": configs})()
+
+
+@pytest.mark.parametrize(
+    ("configs", "remainder_allowed"),
+    [
+        ({SELECTIVE_THRESHOLD_KEY: 64, "pd_max_local_prefill_tokens": 512}, 63),
+        ({SELECTIVE_THRESHOLD_KEY: 2048, "pd_max_local_prefill_tokens": 512}, 512),
+        ({}, -1),
+    ],
+)
+def test_decode_prefills_a_remainder_below_the_threshold_and_never_above_the_cap(configs, remainder_allowed):
+    from serve_app.selective import SelectivePDDecodeServer
+
+    limit = SelectivePDDecodeServer._local_limit(Decider(configs))
+    assert limit - 1 == remainder_allowed
+
+
+TEXTS = ["hi", "a prompt of some length " * 40, "héllo wörld, ünïcödé ✓ 漢字 🙂" * 10, "  spaces\n\n\tand tabs  "]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_completions_text_bounds_its_tokens_from_above(tiny_tokenizer, text):
+    from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest
+
+    from serve_app.selective import token_bound
+
+    bound = token_bound(CompletionRequest(model="m", prompt=text), tiny_tokenizer)
+    assert bound is not None and bound >= len(tiny_tokenizer(text)["input_ids"])
+
+
+def test_a_chat_or_a_token_id_prompt_or_a_normalizing_tokenizer_proves_nothing(tiny_tokenizer):
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    from serve_app.selective import token_bound
+
+    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert token_bound(chat, tiny_tokenizer) is None
+    assert token_bound(CompletionRequest(model="m", prompt=[1, 2, 3]), tiny_tokenizer) is None
+    # NFKC turns one character of 3 bytes into 18 characters: a text's bytes no longer bound its tokens.
+    backend = tiny_tokenizer.backend_tokenizer.__class__.from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    backend.normalizer = normalizers.NFKC()
+    normalizing = PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert len(normalizing("\ufdfa")["input_ids"]) > len("\ufdfa".encode())
+    assert token_bound(CompletionRequest(model="m", prompt="\ufdfa"), normalizing) is None
+
+
+def engine_outputs(prompt_ids: list[int], reply: list[int], *, fail_after: int | None = None):
+    """What vLLM's AsyncLLM.generate yields for a streamed request (RequestOutputKind.DELTA): each
+    output carries the prompt's ids and the reply's new ids; the last is finished."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    async def generate(prompt, sampling_params, request_id, **kwargs):
+        for position, token in enumerate(reply):
+            if fail_after is not None and position == fail_after:
+                raise RuntimeError("engine died")
+            last = position == len(reply) - 1
+            yield RequestOutput(
+                request_id,
+                None,
+                prompt_ids,
+                None,
+                [CompletionOutput(0, "", [token], None, None, finish_reason="length" if last else None)],
+                finished=last,
+            )
+
+    return generate
+
+
+async def served_through(served, generate, prompt: dict, **kwargs) -> list[int]:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    held = []
+    wrapped = served.wrap(generate)
+    params = SamplingParams(max_tokens=8, output_kind=RequestOutputKind.DELTA)
+    async for _ in wrapped(prompt, params, "request-1", **kwargs):
+        held.append(served.held_blocks())
+    return held
+
+
+def test_a_prompt_is_recorded_once_served_with_the_reply_the_engine_made():
+    import asyncio
+
+    from serve_app.prefix_index import PrefixIndex
+    from serve_app.selective import ServedPrompts, cache_key
+
+    block = 4
+    served = ServedPrompts(PrefixIndex(block, capacity_blocks=64))
+    prompt_ids, reply = list(range(100, 110)), list(range(200, 208))
+    held = asyncio.run(served_through(served, engine_outputs(prompt_ids, reply), {"prompt_token_ids": prompt_ids}))
+    # While it ran, its blocks were held, growing with the reply; once finished, none.
+    assert held[0] == len(prompt_ids + reply[:1]) // block and held[-1] == 0 and served.held_blocks() == 0
+    # The next turn resends the history and the reply: all of it but the reply's last token, whose KV
+    # was never computed, is decode's cache.
+    next_turn = prompt_ids + reply + [7, 8, 9]
+    assert served.index.cached_tokens(next_turn, cache_key(None, None)) == 16
+    # Under a salt, only that salt hits.
+    salted = ServedPrompts(PrefixIndex(block, capacity_blocks=64))
+    asyncio.run(
+        served_through(
+            salted, engine_outputs(prompt_ids, reply), {"prompt_token_ids": prompt_ids, "cache_salt": "tenant-a"}
+        )
+    )
+    assert salted.index.cached_tokens(next_turn, cache_key(None, "tenant-a")) == 16
+    assert salted.index.cached_tokens(next_turn, cache_key(None, None)) == 0
+
+
+def test_a_request_that_failed_is_not_recorded_and_holds_nothing():
+    import asyncio
+
+    from serve_app.prefix_index import PrefixIndex
+    from serve_app.selective import ServedPrompts
+
+    served = ServedPrompts(PrefixIndex(4, capacity_blocks=64))
+    prompt_ids = list(range(100, 116))
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(served_through(served, engine_outputs(prompt_ids, [1, 2, 3], fail_after=2), {}))
+    assert len(served.index) == 0 and served.held_blocks() == 0
