@@ -427,3 +427,38 @@ def test_a_preset_longer_than_the_local_servers_context_is_refused_before_they_s
         assert len(lines) == 1, lines
         assert f"--workload {name}: its requests reach {longest[name]} tokens" in lines[0]
         assert f"max_model_len of {limit}" in lines[0] and "tiny" in lines[0]
+
+
+def test_the_two_replica_servers_measure_turns_the_local_timeout_would_cut(tmp_path):
+    import yaml
+
+    from bench.next_turn import BENCH_REQUEST_TIMEOUT_S, two_replica_spec
+    from local.paths import DEFAULT_SPEC
+    from serve_app.spec import load_spec
+
+    written = yaml.safe_load(two_replica_spec(None, "decode", "session_affinity", tmp_path).read_text())
+    assert (written["decode"]["min_replicas"], written["decode"]["max_replicas"]) == (2, 2)
+    assert written["decode"]["request_router"] == "session_affinity"
+    assert load_spec(str(DEFAULT_SPEC)).request_timeout_s < written["request_timeout_s"] == BENCH_REQUEST_TIMEOUT_S
+    load_spec(str(tmp_path / "decode-x2-session_affinity.yaml"))  # still a valid spec
+
+
+def test_an_agent_turns_tools_make_a_long_prompt_that_fits_the_local_context(tmp_path):
+    """bench/agent_tools.py measures what a short message with long tool schemas costs decode's
+    streams: its default tools must render, in the local model's template, into a prompt far above
+    the local selective threshold and within the local context, with room for the reply."""
+    from transformers import AutoTokenizer
+
+    from bench.agent_tools import AGENT_MESSAGE, DEFAULT_TOOLS, tool_schemas
+    from local.paths import DEFAULT_SPEC
+    from local.tiny_model import build_tokenizer
+    from serve_app.spec import load_spec
+
+    spec = load_spec(str(DEFAULT_SPEC))
+    build_tokenizer(tmp_path, spec.max_model_len)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": AGENT_MESSAGE}], tools=tool_schemas(DEFAULT_TOOLS), tokenize=False
+    )
+    tokens = len(tokenizer(text)["input_ids"])
+    assert 4 * spec.pd_min_prompt_tokens < tokens < spec.max_model_len - 256

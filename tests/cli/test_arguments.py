@@ -34,6 +34,7 @@ COMMANDS = {
     "bench.compare": ["--pd-url", "http://127.0.0.1:9/v1", "--colocated-url", "http://127.0.0.1:9/v1"],
     "bench.ttft": ["--url", "http://127.0.0.1:9/v1"],
     "bench.next_turn": ["--url", "http://127.0.0.1:9/v1"],
+    "bench.agent_tools": ["--url", "http://127.0.0.1:9/v1"],
     "bench.gpu.check": ["--out", "OUT/gpu-check"],
     "mirror.job": ["--repo", "Qwen/Qwen2.5-7B-Instruct", "--bucket", "b", "--prefix", "p"],
     "cli.dashboards": [],
