@@ -7,10 +7,11 @@ inter-token latency while such turns arrive, on the local P/D server or any endp
 
 --streams chat streams (a short prompt each, --stream-tokens tokens, the end of text ignored) run
 from start to end; once they run, --agents first turns are sent one after another: "hi" with
---tools function schemas, which the chat template renders into the prompt (Qwen2.5's, and the local
-model's, into the system turn). Selective P/D decides on that rendered prompt: long, it goes to
-prefill; counted without its tools, it would be taken for short and prefilled inside decode's batch,
-stalling every stream there for the length of that prefill.
+--tools function schemas of the agent's own (no two agents share a prefix), which the chat
+template renders into the prompt (Qwen2.5's, and the local model's, into the system turn).
+Selective P/D decides on that rendered prompt: long, it goes to prefill; counted without its tools,
+it would be taken for short and prefilled inside decode's batch, stalling every stream there for the
+length of that prefill.
 
 Reported: the streams' ITL (p50, p95, p99, max) while the agents' turns arrived, the agents' TTFT
 p50, and with --local the prompt tokens each phase computed over that window (vLLM's counters): who
@@ -24,6 +25,7 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from cmdline import ArgumentParser
@@ -36,15 +38,16 @@ COMPUTED = ("ray_vllm_prompt_tokens_by_source_total", "local_compute")
 FINISHED = ("ray_vllm_request_success_total", "")
 
 
-def tool_schemas(count: int) -> list[dict]:
+def tool_schemas(count: int, agent: str = "") -> list[dict]:
     """``count`` function tools of the size an agent's tools have (about 700 characters of JSON each,
-    as many tokens for the local byte-level model: two fit its 2,048-token context with room)."""
+    as many tokens for the local byte-level model: two fit its 2,048-token context with room), named
+    for ``agent``: agents with tools of their own share no prefix a cache could serve."""
     fields = ("customer", "order_id", "since", "until", "status", "store", "currency", "limit")
     return [
         {
             "type": "function",
             "function": {
-                "name": f"tool_{index}_lookup",
+                "name": f"{agent}tool_{index}_lookup",
                 "description": f"Tool {index}: look a record up by the fields below and return it as JSON.",
                 "parameters": {
                     "type": "object",
@@ -107,21 +110,24 @@ def measure(base_url: str, model: str, *, streams: int, stream_tokens: int, agen
     for thread in threads:
         thread.start()
     time.sleep(2.0)  # the streams are running before the first agent's turn
-    schemas = tool_schemas(tools)
     window.start = time.perf_counter()
     for _ in range(agents):
-        sent = time.perf_counter()
+        sent, first = time.perf_counter(), None
         for chunk in client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": AGENT_MESSAGE}],
-            tools=schemas,
+            tools=tool_schemas(tools, f"a{uuid.uuid4().hex[:12]}_"),
             max_tokens=4,
             temperature=0,
             stream=True,
         ):
-            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].delta.tool_calls):
-                window.agent_ttfts.append(time.perf_counter() - sent)
-                break
+            # The first chunk that carries the model's output (a tool parser may hold text back and
+            # send it with the last chunk, which then marks the first token).
+            choice = chunk.choices[0] if chunk.choices else None
+            if first is None and choice and (choice.delta.content or choice.delta.tool_calls or choice.finish_reason):
+                first = time.perf_counter() - sent
+        if first is not None:
+            window.agent_ttfts.append(first)
         time.sleep(0.2)
     window.end = time.perf_counter()
     stop.set()

@@ -372,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --local: P/D in the cluster's shape with two replicas of this phase, once per request router",
     )
+    parser.add_argument(
+        "--routers",
+        nargs="+",
+        default=None,
+        help="with --two-replicas-of: the request routers to compare, in this order (default: every one)",
+    )
     parser.add_argument("--model", default="tiny-llama", help="served model name with --url (default: tiny-llama)")
     parser.add_argument("--conversations", type=int, default=7, help="measured conversations (default: 7)")
     parser.add_argument("--history-tokens", type=int, default=1500, help="first turn's prompt (default: 1500)")
@@ -406,12 +412,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.two_replicas_of and not args.local:
         parser.error("--two-replicas-of starts local servers: add --local")
+    from serve_app.spec import REQUEST_ROUTER_CLASSES
+
+    routers = args.routers or list(REQUEST_ROUTER_CLASSES)
+    if args.routers and not args.two_replicas_of:
+        parser.error("--routers compares routers of two replicas: add --two-replicas-of PHASE")
+    if unknown := [r for r in routers if r not in REQUEST_ROUTER_CLASSES]:
+        parser.error(f"--routers: {', '.join(unknown)} unknown; choose from {', '.join(REQUEST_ROUTER_CLASSES)}")
     if args.url:
         runs = {"endpoint": converse(args.url, args.model, **shape)}
     elif args.two_replicas_of:
         import tempfile
-
-        from serve_app.spec import REQUEST_ROUTER_CLASSES
 
         phase = args.two_replicas_of
         with tempfile.TemporaryDirectory() as folder:
@@ -419,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{phase} x2, {router}": run_local(
                     "disaggregated", two_replica_spec(args.spec, phase, router, Path(folder)), True, **shape
                 )
-                for router in REQUEST_ROUTER_CLASSES
+                for router in routers
             }
     else:
         spec = Path(args.spec) if args.spec else None
