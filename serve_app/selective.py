@@ -139,7 +139,10 @@ class ServedPrompts:
                     prompt_ids = output.prompt_token_ids or ()
                     if output.outputs:
                         ids = output.outputs[0].token_ids
-                        reply = reply + list(ids) if delta else list(ids)
+                        if delta:
+                            reply.extend(ids)
+                        else:
+                            reply = list(ids)
                     self._held[request_id] = (len(prompt_ids) + len(reply)) // self.index.block_size
                     if output.finished and prompt_ids:
                         # The last token was sampled, never computed: its KV is not in the cache.
