@@ -201,10 +201,13 @@ def server_error(chunk: Any) -> bool:
 
 
 def prefill_replica_ids(handle: Any) -> frozenset | None:
-    """The running replicas decode's handle to prefill knows of; None before it has a request router."""
+    """The running replicas decode's handle to prefill knows of; None before the handle has a request
+    router (its first request or the background prewarm makes one). Empty as well before Serve's long
+    poll has delivered prefill's first replicas: a prefill that has not come yet."""
     router = handle._router if handle.is_initialized else None
+    # The router on a loop of its own, if so (as prefill_router_ready finds it).
     router = getattr(router, "_asyncio_router", router)
-    request_router = getattr(router, "_request_router", None)
+    request_router = getattr(router, "_request_router", None)  # read, never made, from here
     if request_router is None:
         return None
     # Read from this thread while the router's own loop may replace it: a copy, taken at once.
@@ -212,14 +215,9 @@ def prefill_replica_ids(handle: Any) -> frozenset | None:
 
 
 def prefill_replicas(handle: Any) -> int | None:
-    """How many running replicas decode's handle to prefill knows of; None before the handle has a
-    request router (its first request or the background prewarm makes one). Zero as well before
-    Serve's long poll has delivered prefill's first replicas: a prefill that has not come yet."""
-    router = handle._router if handle.is_initialized else None
-    # The router on a loop of its own, if so (as prefill_router_ready finds it).
-    router = getattr(router, "_asyncio_router", router)
-    request_router = getattr(router, "_request_router", None)  # read, never made, from here
-    return None if request_router is None else len(request_router.curr_replicas)
+    """How many running replicas decode's handle to prefill knows of (``prefill_replica_ids``)."""
+    replicas = prefill_replica_ids(handle)
+    return None if replicas is None else len(replicas)
 
 
 class OneTokenPrefillPDDecodeServer(PDDecodeServer):
