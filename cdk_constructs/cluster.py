@@ -194,9 +194,14 @@ class EksCluster(Construct):
                     )
                 ],
             )
+            entry = self.cluster.node.find_child(entry_id)
             deployed_id = deployer.access_entry_ids.get(principal)
             if deployed_id:
-                self.cluster.node.find_child(entry_id).node.default_child.override_logical_id(deployed_id)
+                entry.node.default_child.override_logical_id(deployed_id)
+            # Every manifest and chart waits for aws_eks_v2's kubectl barrier: behind it, the admins' entries
+            # are deleted only after every Kubernetes object, so a destroy that stalls on a finalizer
+            # leaves them the kubectl to lift it with.
+            self.cluster.node.find_child("KubectlReadyBarrier").node.add_dependency(entry)
         self.addon_versions = dict(config.addon_versions)
         self.addons = {
             name: eks.Addon(

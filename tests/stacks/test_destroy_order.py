@@ -262,7 +262,29 @@ def destroy_order_violations(template_json: dict) -> tuple[set[str], list[str]]:
                             f"{finalizer.name} on the {finalizer.carried_by} of {logical_id}: {carrier} is not "
                             f"deleted before {need.logical_id} ({need.why})"
                         )
+    violations += admin_access_violations(template)
     return present, sorted(set(violations))
+
+
+CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+
+
+def admin_access_violations(template: Template) -> list[str]:
+    """The people's cluster-admin access entries are deleted after every Kubernetes object the stack
+    applies: a destroy that stalls on a finalizer leaves them kubectl to lift it with (prod creates its
+    cluster without the creator's admin, so these entries are the only way in)."""
+    admins = [
+        logical_id
+        for logical_id, entry in template.of_type("AWS::EKS::AccessEntry").items()
+        if CLUSTER_ADMIN_POLICY in json.dumps(entry["Properties"].get("AccessPolicies", []))
+    ]
+    objects = [*template.of_type(KUBECTL_RESOURCE), *template.of_type(HELM_CHART)]
+    return [
+        f"the admin access entry {entry} is deleted before {obj} (a stuck delete would lock the admins out)"
+        for obj in objects
+        for entry in admins
+        if entry not in template.deleted_after(obj)
+    ]
 
 
 def _yaml(env: str) -> dict:
