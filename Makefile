@@ -33,6 +33,8 @@ HA ?=
 # make preview TEMPLATE=<file>: the template to compare with; make deploy ALLOW_REPLACEMENT=1.
 TEMPLATE ?=
 ALLOW_REPLACEMENT ?=
+# make deploy REQUIRE_APPROVAL=never: no prompt (a pipeline), for the template the last make preview showed only.
+REQUIRE_APPROVAL ?=
 # make local API_KEY=…: the ingress asks every request for this key; make bench and make verify
 # send it. Passed to the commands in their environment, never on a command line make would echo.
 API_KEY ?=
@@ -62,7 +64,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
 	@echo "make preview [ENV=…|CONFIG=…] [TEMPLATE=file]  what the next deploy would do, in serving terms"
-	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1]   preview, then cdk deploy"
+	@echo "make deploy  [ENV=…|CONFIG=…] [ALLOW_REPLACEMENT=1] [REQUIRE_APPROVAL=never]   preview, then cdk deploy"
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…] [CALIBRATION=…] [PLAN_ARGS=…]  memory fit, KV transfer cost, price,"
 	@echo "                                              colocated vs P/D for a workload (PLAN_ARGS='--prompt-tokens 4096 --concurrency 8 --json')"
@@ -122,7 +124,8 @@ synth: $(VENV)/.runtime node_modules/.installed
 # previewed in serving terms against the deployed template, and that same assembly is deployed.
 # ALLOW_REPLACEMENT=1: the preview named a stateful replacement and it is intended.
 deploy: $(VENV)/.runtime node_modules/.installed
-	$(PY) -m cli.deploy $(CONFIG) --outdir $(OUTDIR) --cdk $(CDK) --summary-only $(if $(ALLOW_REPLACEMENT),--allow-replacement)
+	$(PY) -m cli.deploy $(CONFIG) --outdir $(OUTDIR) --cdk $(CDK) --summary-only $(if $(ALLOW_REPLACEMENT),--allow-replacement) \
+	  $(if $(REQUIRE_APPROVAL),--require-approval $(REQUIRE_APPROVAL))
 
 # What the next make deploy would do, synthesized as make deploy synthesizes it. TEMPLATE=file
 # compares with a saved template instead of the deployed one: offline, no credentials.

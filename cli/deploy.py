@@ -1,6 +1,6 @@
 """`make deploy` and `make preview`: the guard, the synth, the preview in serving terms, then cdk deploy.
 
-    python -m cli.deploy CONFIG [--preview-only] [--template FILE] [--allow-replacement]
+    python -m cli.deploy CONFIG [--preview-only] [--template FILE] [--allow-replacement] [--require-approval never]
 
 1. The deploy guard (`cli/deploy_guard.py`) checks the config, then your credentials, and reads what
    the stack is now: among others, the size each existing node group has (Cluster Autoscaler's).
@@ -10,7 +10,9 @@
    A node group the diff says is replaced is created anew, which needs a size: the stack is
    synthesized again with the new group starting at the old one's size, and previewed again.
 4. Unless --preview-only: `cdk deploy` of exactly that assembly, importing resources a destroy kept
-   (the guard names them) with --import-existing-resources.
+   (the guard names them) with --import-existing-resources. --preview-only records the template it
+   showed (.preview-<stack>.json); --require-approval never (a pipeline, which has no terminal to
+   approve broadened IAM at) deploys only that template, over the stack the preview compared it with.
 
 --template FILE previews offline against a saved template: no guard, no credentials; the node
 groups' sizes are the template's. Exits 2 on a refusal (an update CloudFormation would refuse among
@@ -23,6 +25,7 @@ step, and the preview names the next.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -155,11 +158,57 @@ def offline_facts(old: dict) -> DeployFacts:
     return facts_from_deployed(DeployFacts.model_validate({"node_group_sizes": sizes}), old)
 
 
-def deploy_command(outdir: Path, *, cdk: Path = DEFAULT_CDK, import_existing: bool = False) -> list[str]:
-    command = [str(cdk), "deploy", "--app", str(outdir), *CDK_QUIET, "--require-approval", "broadening"]
+def deploy_command(
+    outdir: Path, *, cdk: Path = DEFAULT_CDK, import_existing: bool = False, approval: str = "broadening"
+) -> list[str]:
+    command = [str(cdk), "deploy", "--app", str(outdir), *CDK_QUIET, "--require-approval", approval]
     if import_existing:
         command.append("--import-existing-resources")
     return [*command, "--progress", "events"]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def preview_record_path(outdir: Path, stack: str) -> Path:
+    return outdir.parent / f".preview-{stack}.json"
+
+
+def previewed(outdir: Path, stack: str, old: dict | None) -> dict[str, str | None]:
+    """What a preview showed: the template it synthesized and the deployed one it compared with."""
+    template = (outdir / f"{stack}.template.json").read_bytes()
+    deployed = None if old is None else _sha256(json.dumps(old, sort_keys=True).encode())
+    return {"stack": stack, "template_sha256": _sha256(template), "deployed_sha256": deployed}
+
+
+def record_preview(outdir: Path, stack: str, old: dict | None) -> Path:
+    """Writes what `make preview` showed, which a non-interactive `make deploy` must match."""
+    path = preview_record_path(outdir, stack)
+    path.write_text(json.dumps(previewed(outdir, stack, old), indent=1) + "\n")
+    return path
+
+
+def unattended_refusal(outdir: Path, stack: str, old: dict | None) -> str | None:
+    """Why `make deploy REQUIRE_APPROVAL=never` may not deploy this assembly, or None: it deploys without
+    asking only the template `make preview` showed, over the stack that preview compared it with."""
+    path = preview_record_path(outdir, stack)
+    rerun = "run `make preview` (with the same config, credentials and address), review it, then deploy again"
+    try:
+        shown = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return (
+            f"REQUIRE_APPROVAL=never deploys only what `make preview` showed, and {path.name} holds no preview: {rerun}"
+        )
+    now = previewed(outdir, stack, old)
+    if shown.get("template_sha256") != now["template_sha256"]:
+        return (
+            f"REQUIRE_APPROVAL=never: the template about to be deployed (sha256 {now['template_sha256'][:12]}) is not "
+            f"the one `make preview` showed ({str(shown.get('template_sha256'))[:12]}); {rerun}"
+        )
+    if shown.get("deployed_sha256") != now["deployed_sha256"]:
+        return f"REQUIRE_APPROVAL=never: the deployed stack changed since `make preview` compared with it; {rerun}"
+    return None
 
 
 def guarded_facts(
@@ -222,6 +271,12 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
     parser.add_argument("--outdir", type=Path, default=Path("cdk.out"), help="the cloud assembly's folder")
     parser.add_argument("--cdk", type=Path, default=DEFAULT_CDK, help="the CDK CLI")
     parser.add_argument("--summary-only", action="store_true", help="print the serving summary without the CDK diff")
+    parser.add_argument(
+        "--require-approval",
+        choices=("broadening", "never"),
+        default="broadening",
+        help="never: deploy without asking (a pipeline), only the template the last `make preview` showed",
+    )
     parser.add_argument("--checkip-url", default=deploy_guard.CHECKIP_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.template is not None and not args.preview_only:
@@ -259,8 +314,13 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
     for line in to_import:
         print(f"imported, not created: {line}")
     if args.preview_only:
+        record = record_preview(args.outdir, config.stack_name, old)
+        print(f"previewed template recorded in {record.name} (make deploy REQUIRE_APPROVAL=never deploys only it)")
         return 0
-    command = deploy_command(args.outdir, cdk=args.cdk, import_existing=bool(to_import))
+    if args.require_approval == "never" and (refusal := unattended_refusal(args.outdir, config.stack_name, old)):
+        print(refusal, file=sys.stderr)
+        return 2
+    command = deploy_command(args.outdir, cdk=args.cdk, import_existing=bool(to_import), approval=args.require_approval)
     return subprocess.run(command, cwd=ROOT, check=False).returncode
 
 

@@ -122,6 +122,51 @@ def test_make_preview_with_credentials_reads_the_sizes_and_the_deployed_template
     assert node_group_sizes(outdir) == {"system": None, "prefill": None, "decode": None}
 
 
+def test_a_pipeline_deploys_unattended_only_what_make_preview_showed(tmp_path, capsys, monkeypatch):
+    """make preview, then make deploy REQUIRE_APPROVAL=never, with the guard's and CloudFormation's recorded
+    answers. The CDK CLI synthesizes for real; its `deploy` (which would reach AWS) writes its arguments down
+    instead. An edit between the two is refused before any deploy."""
+    from tests.cli.test_deploy_guard import ACCOUNT, checkip_server, config_data, recorded_aws
+
+    config = tmp_path / "dev.yaml"
+    config.write_text(yaml.safe_dump(config_data()))
+    deployed_args = tmp_path / "deploy-args"
+    cdk = tmp_path / "cdk"
+    cdk.write_text(
+        f'#!/bin/sh\nif [ "$1" = deploy ]; then printf "%s\\n" "$@" > {deployed_args}; exit 0; fi\n'
+        f'exec {cli_deploy.DEFAULT_CDK} "$@"\n'
+    )
+    cdk.chmod(0o755)
+    outdir = tmp_path / "cdk.out"
+    kube = RecordedKube(ROOT / "tests" / "fixtures" / "verify" / "serving-grown")
+
+    def make(*flags: str) -> int:
+        # A fresh answer each time: botocore decodes the template body into the answer it is given.
+        get_template = {
+            "service": "cloudformation",
+            "operation": "get_template",
+            "expected": {"StackName": "pd-dev-pd-serving", "TemplateStage": "Original"},
+            "response": {"TemplateBody": DEPLOYED.read_text().replace("000000000000", ACCOUNT)},
+        }
+        with checkip_server("93.184.216.34\n") as url, recorded_aws("stack-deployed", then=[get_template]) as clients:
+            argv = [str(config), "--outdir", str(outdir), "--cdk", str(cdk), "--summary-only", "--checkip-url", url]
+            return cli_deploy.main([*argv, *flags], clients=clients, kube=kube)
+
+    assert make("--preview-only") == 0
+    assert "previewed template recorded in .preview-pd-dev-pd-serving.json" in capsys.readouterr().out
+    assert make("--require-approval", "never") == 0
+    assert deployed_args.read_text().split("\n")[:2] == ["deploy", "--app"]
+    assert "--require-approval\nnever\n" in deployed_args.read_text()
+
+    deployed_args.unlink()
+    data = config_data()
+    data["serving"]["max_model_len"] = 4096  # edited after the preview
+    config.write_text(yaml.safe_dump(data))
+    assert make("--require-approval", "never") == 2
+    assert "is not the one `make preview` showed" in capsys.readouterr().err
+    assert not deployed_args.exists()
+
+
 # --- what needs two deploys, offline: the template of the first as the deployed one of the second --------
 
 
