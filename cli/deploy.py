@@ -52,9 +52,11 @@ from preview.serving import (
     access_entry_ids,
     creator_is_admin,
     deployed_gcs_store,
+    live_users,
     node_group_sizes,
     placement_group_tags,
     replaced_node_groups,
+    secrets_store_installed,
     secrets_store_mounted,
 )
 from verify.kube import Kube, KubectlRunner, KubeError
@@ -258,6 +260,38 @@ def with_worker_replicas(config, facts: DeployFacts, kube: Kube | None) -> Deplo
     return facts.model_copy(update={"worker_replicas": replicas})
 
 
+def with_live_usage(config, facts: DeployFacts, old: dict, kube: Kube | None) -> DeployFacts:
+    """What the deployed template keeps "for one deploy" (the GCS store, the Secrets Store CSI driver) is
+    removed only when the live cluster shows that no RayCluster and no pod uses it; when the cluster
+    cannot be asked (``kube`` None: an offline preview), it is kept, and the output says why. A stalled
+    NewCluster rollout keeps the old cluster serving from the store for as long as it stalls."""
+    store, driver = facts.gcs_store, secrets_store_installed(old)
+    if (store is None or store.in_use) and (not driver or facts.secrets_store_in_use):
+        return facts  # nothing the template alone would remove
+    namespace = config.ray_service.namespace
+    if kube is None:
+        why = "offline (TEMPLATE=): the cluster is not asked"
+        gcs, csi = ["an unknown RayCluster"], ["an unknown pod"]
+    else:
+        try:
+            clusters = kube.get_json(["get", "rayclusters", "-n", namespace]).get("items", [])
+            pods = kube.get_json(["get", "pods", "-n", namespace]).get("items", [])
+        except KubeError as exc:
+            why = f"cannot ask the cluster ({exc})"
+            gcs, csi = ["an unknown RayCluster"], ["an unknown pod"]
+        else:
+            why = ""
+            gcs, csi = live_users(clusters, pods)
+    update: dict[str, Any] = {}
+    if store is not None and not store.in_use and gcs:
+        update["gcs_store"] = store.model_copy(update={"in_use": True})
+        print(f"kept for this deploy: the GCS store, {why or 'used by ' + ', '.join(gcs)}")
+    if driver and not facts.secrets_store_in_use and csi:
+        update["secrets_store_in_use"] = True
+        print(f"kept for this deploy: the Secrets Store CSI driver, {why or 'mounted by ' + ', '.join(csi)}")
+    return facts.model_copy(update=update)
+
+
 def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None, kube: Kube | None = None) -> int:
     parser = ArgumentParser(prog="python -m cli.deploy", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the environment's config, e.g. config/dev.yaml")
@@ -286,14 +320,14 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
     try:
         if args.template is not None:
             old: dict | None = read_template_file(args.template)
-            facts = offline_facts(old)
+            facts = with_live_usage(config, offline_facts(old), old, None)
         else:
             clients = clients or deploy_guard.aws_clients(config.aws.region)
             facts, to_import = guarded_facts(config, args.config, clients, args.checkip_url)
             facts = with_worker_replicas(config, facts, kube)
             try:
                 old = template_from_cloudformation(config.stack_name, config.aws.region, clients["cloudformation"])
-                facts = facts_from_deployed(facts, old)
+                facts = with_live_usage(config, facts_from_deployed(facts, old), old, kube or KubectlRunner())
             except NoDeployYet as first:
                 if args.preview_only:
                     raise

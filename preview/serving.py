@@ -216,6 +216,37 @@ def secrets_store_mounted(template: dict) -> bool:
     return bool(ray_service and _secrets_store_classes(ray_service))
 
 
+def secrets_store_installed(template: dict) -> bool:
+    """The template installs the Secrets Store CSI driver's charts."""
+    return any(
+        r.get("Properties", {}).get("Chart") in CSI_CHARTS for r in _resources(template, HELM_CHART_TYPE).values()
+    )
+
+
+def mounts_secrets_store(pod_spec: dict) -> bool:
+    """A pod (or pod template) spec mounts a volume through the Secrets Store CSI driver."""
+    return any((volume.get("csi") or {}).get("driver") == CSI_DRIVER for volume in pod_spec.get("volumes") or [])
+
+
+def live_users(rayclusters: list[dict], pods: list[dict]) -> tuple[list[str], list[str]]:
+    """(RayClusters that keep their GCS in the external store, RayClusters and pods that mount through the
+    Secrets Store CSI driver), from what the cluster lists now: an old RayCluster that KubeRay has not
+    deleted yet, and a pod still Terminating, count as much as the one that serves."""
+    gcs, csi = [], []
+    for cluster in rayclusters:
+        name = cluster.get("metadata", {}).get("name", "?")
+        spec = cluster.get("spec", {})
+        if "gcsFaultToleranceOptions" in spec:
+            gcs.append(f"RayCluster {name}")
+        groups = [spec.get("headGroupSpec") or {}, *(spec.get("workerGroupSpecs") or [])]
+        if any(mounts_secrets_store(group.get("template", {}).get("spec", {})) for group in groups):
+            csi.append(f"RayCluster {name}")
+    for pod in pods:
+        if mounts_secrets_store(pod.get("spec", {})):
+            csi.append(f"pod {pod.get('metadata', {}).get('name', '?')}")
+    return gcs, csi
+
+
 def used_by_serving(template: dict) -> set[str]:
     """Logical ids of the resources the template's RayService reaches: those its manifest names (the
     GCS store's endpoint, a model bucket) and those named by the SecretProviderClasses its pods mount
@@ -542,8 +573,8 @@ def _store_lines(old: dict, new: dict, preview: Preview, config: Any) -> None:
     if old_store and old_store.in_use and new_store and not new_store.in_use:
         preview.store.append(
             "kept for this deploy: the RayCluster serving now keeps its GCS there until KubeRay deletes it after "
-            "the switch to the new cluster; the next `make deploy` removes the store and its AUTH token "
-            "(with ALLOW_REPLACEMENT=1)"
+            "the switch to the new cluster; a later `make deploy` removes the store and its AUTH token (with "
+            "ALLOW_REPLACEMENT=1) once kubectl lists no RayCluster that uses it"
         )
 
 
