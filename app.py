@@ -19,6 +19,7 @@ import aws_cdk as cdk
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import ConfigError, config_path_for, describe_validation_error, load_config
 from config.schema import DeployFacts
+from config.upgrade import VersionStepRefused, step_of
 from kuberay import MIRRORED_VERSION, KubeRayRejection
 from planner import PlanningError
 from planner.from_config import advisor_warning, plan_config
@@ -66,6 +67,10 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
     config = load_config(config_path)
     deployer = load_deploy_facts(deploy_facts)
     report = checked_plan(config, config_path)
+    try:
+        step_of(config.cluster, deployer)
+    except VersionStepRefused as refused:
+        raise ConfigError(config_path, [str(refused)]) from None
     app = cdk.App(
         outdir=outdir,
         # A construct's creation trace from Python ends in jsii's bundled JavaScript, not in this

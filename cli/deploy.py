@@ -52,6 +52,7 @@ from preview.serving import (
     access_entry_ids,
     creator_is_admin,
     deployed_gcs_store,
+    kubernetes_versions,
     live_users,
     node_group_sizes,
     placement_group_tags,
@@ -138,12 +139,18 @@ def plan(config, config_path: str, *, outdir: Path, old: dict | None, facts: Dep
 
 
 def facts_from_deployed(facts: DeployFacts, old: dict) -> DeployFacts:
-    """What the deployed template itself tells the synth: what it holds that cannot change in place
+    """What the deployed template itself tells the synth: the Kubernetes minors it runs (an upgrade
+    moves one step per deploy), what it holds that cannot change in place
     (how the cluster was created, the placement group's tags), the logical id of each principal's
     access entry, the GCS store's replica and failover (ElastiCache changes one per deploy), and what
     the serving RayService uses (the store, the CSI driver), which stays until a deploy after it."""
+    cluster_version, group_versions = kubernetes_versions(old)
     return facts.model_copy(
         update={
+            # What EKS said (the guard asks it) wins: a version can move outside the template (EKS
+            # upgrades a cluster whose extended support ended; `aws eks update-nodegroup-version`).
+            "kubernetes_version": facts.kubernetes_version or cluster_version,
+            "node_group_versions": {**group_versions, **facts.node_group_versions},
             "access_entry_ids": access_entry_ids(old),
             "cluster_has_bootstrap_admin": creator_is_admin(old),
             "placement_group_tags": placement_group_tags(old),

@@ -31,6 +31,7 @@ from cmdline import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
+from config.upgrade import VersionStepRefused, upgrade_step
 from manifests.observability import (
     CONTAINER_INSIGHTS_LOG_GROUPS,
     container_insights_log_group,
@@ -43,6 +44,8 @@ CHECKIP_URL = "https://checkip.amazonaws.com"
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 FIND_YOUR_ADDRESS = "`curl -s https://checkip.amazonaws.com` prints your public address; add /32"
 # The stack's outputs that name its node groups (stacks/pd_serving_stack.py), by deploy-facts name.
+# Nodes EKS adds to a one-zone managed node group while it rolls it (upgrade_surge).
+ROLLING_SURGE_NODES = 2
 NODE_GROUP_OUTPUTS = {"system": "SystemNodeGroup", "prefill": "PrefillNodeGroup", "decode": "DecodeNodeGroup"}
 # Secrets Manager's own key: DescribeSecret leaves KmsKeyId out for it, or names this alias.
 AWS_MANAGED_SECRETS_KEY = "alias/aws/secretsmanager"
@@ -165,11 +168,42 @@ def gpu_vcpus(config: AppConfig) -> dict[str, tuple[int, int]]:
     return need
 
 
-def quota_findings(config: AppConfig, quotas: Any) -> tuple[list[str], list[str]]:
-    """(errors, warnings) from the account's on-demand vCPU quotas for the GPU families."""
+def upgrade_surge(config: AppConfig, live: LiveNodeGroups) -> tuple[str, int] | None:
+    """(GPU group, vCPUs) of the surge this deploy's Kubernetes upgrade step adds: EKS rolls a managed
+    node group by first adding nodes, "up to twice the number of Availability Zones" or one more than
+    the maximum unavailable (https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html):
+    two, in the GPU groups' one zone."""
+    if live.cluster_version is None:
+        return None
+    try:
+        step = upgrade_step(
+            target=config.cluster.kubernetes_version,
+            group_targets=config.cluster.node_group_versions(),
+            deployed=live.cluster_version,
+            deployed_groups=live.versions,
+        )
+    except VersionStepRefused:
+        return None  # refused with its own line (the synth's)
+    if step.rolls not in ("prefill", "decode"):
+        return None
+    group = getattr(config.cluster.gpu_node_groups, step.rolls)
+    return step.rolls, ROLLING_SURGE_NODES * catalog.INSTANCES[group.instance_type].vcpus
+
+
+def quota_findings(config: AppConfig, quotas: Any, surge: tuple[str, int] | None = None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) from the account's on-demand vCPU quotas for the GPU families, with the surge of
+    a node group this deploy rolls to a new Kubernetes minor."""
     errors, warnings = [], []
     names = {q.code: q.name for q in catalog.ON_DEMAND_QUOTAS.values()}
-    for code, (desired, most) in sorted(gpu_vcpus(config).items()):
+    need = gpu_vcpus(config)
+    surging = ""
+    if surge is not None:
+        group, vcpus = surge
+        code = catalog.on_demand_quota(getattr(config.cluster.gpu_node_groups, group).instance_type).code
+        desired, most = need[code]
+        need[code] = (desired, most + vcpus)
+        surging = f" (with the {vcpus} vCPUs of the {ROLLING_SURGE_NODES} nodes EKS adds while it rolls {group} to a new minor)"
+    for code, (desired, most) in sorted(need.items()):
         try:
             try:
                 value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
@@ -194,7 +228,7 @@ def quota_findings(config: AppConfig, quotas: Any) -> tuple[list[str], list[str]
         elif value < most:
             line = (
                 f"{names[code]} ({code}) allows {value:g} vCPUs in {config.aws.region}; the GPU node groups at "
-                f"max_size need {most}, so scaling out (and a NewCluster upgrade) would stall; {raise_it}"
+                f"max_size need {most}{surging}, so scaling out (and a NewCluster upgrade) would stall; {raise_it}"
             )
             (errors if config.production else warnings).append(line)
     return errors, warnings
@@ -509,10 +543,44 @@ def container_insights_findings(
     )
 
 
-def node_group_sizes(config: AppConfig, stack: dict[str, Any], eks: Any) -> tuple[dict[str, int], list[str]]:
-    """({group: desired size now}, warnings) of the deployed stack's node groups."""
+@dataclass
+class LiveNodeGroups:
+    """What EKS says the deployed cluster and its node groups run now."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    cluster_version: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def cluster_version(config: AppConfig, eks: Any) -> tuple[str | None, list[str]]:
+    """(the Kubernetes minor the control plane runs, warnings): EKS may have moved it outside the
+    template (it upgrades a cluster whose extended support ends)."""
+    try:
+        return eks.describe_cluster(name=config.cluster_name)["cluster"]["version"], []
+    except (ClientError, KeyError) as exc:
+        return None, [
+            f"could not read the Kubernetes version of {config.cluster_name} (eks:DescribeCluster: {error_code(exc)}); "
+            "the deployed template's stands in for it"
+        ]
+
+
+def live_node_groups(config: AppConfig, stack: dict[str, Any], eks: Any) -> LiveNodeGroups:
+    """The control plane's version, and each node group's desired size and version now."""
+    live = LiveNodeGroups()
+    live.cluster_version, live.warnings = cluster_version(config, eks)
+    live.sizes, live.versions, warnings = node_group_sizes(config, stack, eks)
+    live.warnings += warnings
+    return live
+
+
+def node_group_sizes(
+    config: AppConfig, stack: dict[str, Any], eks: Any
+) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """({group: desired size now}, {group: Kubernetes minor now}, warnings) of the deployed stack's node groups."""
     outputs = {o["OutputKey"]: o.get("OutputValue", "") for o in stack.get("Outputs", [])}
     sizes: dict[str, int] = {}
+    versions: dict[str, str] = {}
     warnings = []
     for group, key in NODE_GROUP_OUTPUTS.items():
         unknown = "the template then sets the config's desired_size, and EKS resizes the group to it at once"
@@ -526,12 +594,14 @@ def node_group_sizes(config: AppConfig, stack: dict[str, Any], eks: Any) -> tupl
         try:
             nodegroup = eks.describe_nodegroup(clusterName=config.cluster_name, nodegroupName=name)["nodegroup"]
             sizes[group] = nodegroup["scalingConfig"]["desiredSize"]
+            if "version" in nodegroup:
+                versions[group] = nodegroup["version"]
         except (ClientError, KeyError) as exc:
             warnings.append(
                 f"could not read the size of the {group} node group {name} (eks:DescribeNodegroup: {error_code(exc)}); "
                 f"{unknown}"
             )
-    return sizes, warnings
+    return sizes, versions, warnings
 
 
 def check(
@@ -571,7 +641,6 @@ def check(
         verdict.errors.append(f"{source}: {exc}")
         return verdict
     for errors, warnings in (
-        quota_findings(config, quotas),
         capacity_findings(config, source, ec2),
         admin_findings(config, source, iam),
     ):
@@ -591,14 +660,18 @@ def check(
         verdict.errors.append(str(exc))
     deployed, stack, warnings = deployed_stack(config, cloudformation)
     verdict.warnings += warnings
-    sizes: dict[str, int] = {}
+    live = LiveNodeGroups()
     if deployed is False:
         errors, warnings, verdict.to_import = left_behind_findings(config, source, s3=s3, logs=logs)
         verdict.errors += errors
         verdict.warnings += warnings
     elif deployed:
-        sizes, warnings = node_group_sizes(config, stack, eks)
-        verdict.warnings += warnings
+        live = live_node_groups(config, stack, eks)
+        verdict.warnings += live.warnings
+    # After the stack is read: a node group this deploy rolls surges beyond its max_size.
+    errors, warnings = quota_findings(config, quotas, upgrade_surge(config, live))
+    verdict.errors += errors
+    verdict.warnings += warnings
     adopted: list[str] = []
     if deployed:
         warnings, to_import, adopted = container_insights_findings(
@@ -610,7 +683,9 @@ def check(
         {
             "deployer_principal": principal,
             "deployer_cidr": cidr,
-            "node_group_sizes": sizes,
+            "node_group_sizes": live.sizes,
+            "kubernetes_version": live.cluster_version,
+            "node_group_versions": live.versions,
             "hf_token_kms_key_arn": key_arn,
             "api_key_kms_key_arns": api_keys,
             "adopted_log_groups": adopted,

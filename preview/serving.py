@@ -10,7 +10,13 @@ from typing import Any
 
 from config import catalog
 from config.schema import DeployedGcsStore
-from config.versions import SECRETS_STORE_CSI_DRIVER, SECRETS_STORE_CSI_PROVIDER_AWS
+from config.upgrade import NODE_GROUP_ORDER, remaining_steps
+from config.versions import (
+    CLUSTER_AUTOSCALER,
+    CLUSTER_AUTOSCALER_RELEASES,
+    SECRETS_STORE_CSI_DRIVER,
+    SECRETS_STORE_CSI_PROVIDER_AWS,
+)
 from consumers.template import HELM_CHART_TYPE, manifests
 from kuberay.oracle import cluster_spec_hash
 from manifests.contract import PHASE_LABEL
@@ -63,6 +69,7 @@ def stateful_loss(resource_type: str) -> str | None:
 class Preview:
     stateful: list[str] = field(default_factory=list)  # loud: what is replaced or removed, and what is lost
     store: list[str] = field(default_factory=list)
+    upgrade: list[str] = field(default_factory=list)  # a Kubernetes upgrade step and the deploys after it
     nodes: list[str] = field(default_factory=list)
     ray_service: list[str] = field(default_factory=list)
     access: list[str] = field(default_factory=list)
@@ -91,6 +98,7 @@ class Preview:
             ("Needs two deploys", self.two_deploys),
             ("Replaced or removed, with what is lost", self.stateful),
             ("GCS store", self.store),
+            ("Kubernetes upgrade", self.upgrade),
             ("GPU and system nodes", self.nodes),
             ("RayService", self.ray_service),
             ("Cluster admin access", self.access),
@@ -156,6 +164,20 @@ def node_group_sizes(template: dict) -> dict[str, int]:
         if isinstance(size, int):
             sizes[_group_name(group)] = size
     return sizes
+
+
+def kubernetes_versions(template: dict) -> tuple[str | None, dict[str, str]]:
+    """The control plane's Kubernetes minor and each node group's, as the template sets them (a group
+    without Version runs the minor it was created at, which the template cannot say)."""
+    cluster = next(
+        (r.get("Properties", {}).get("Version") for r in _resources(template, "AWS::EKS::Cluster").values()), None
+    )
+    groups = {
+        _group_name(group): version
+        for group in _resources(template, "AWS::EKS::Nodegroup").values()
+        if isinstance(version := group.get("Properties", {}).get("Version"), str)
+    }
+    return (cluster if isinstance(cluster, str) else None), groups
 
 
 def access_entry_ids(template: dict) -> dict[str, str]:
@@ -320,18 +342,84 @@ def _roll_effect(name: str) -> str:
     return f"each is drained and replaced; with one node, {name} is offline while its replica moves and loads the model"
 
 
-def _control_plane_lines(old: dict, new: dict, preview: Preview) -> None:
-    def version(template: dict) -> str | None:
-        for cluster in _resources(template, "AWS::EKS::Cluster").values():
-            return cluster.get("Properties", {}).get("Version")
-        return None
+def _autoscaler_values_follow_the_minor(change: ResourceChange, old: dict, new: dict, minors: tuple[str, str]) -> bool:
+    """The Cluster Autoscaler chart's values differ only by the image tag its release table gives each minor."""
+    before = old.get("Resources", {}).get(change.logical_id, {}).get("Properties", {})
+    after = new.get("Resources", {}).get(change.logical_id, {}).get("Properties", {})
+    if after.get("Chart") != CLUSTER_AUTOSCALER.chart or set(change.properties) - {"Values"}:
+        return False
+    tags = [CLUSTER_AUTOSCALER_RELEASES.get(m) for m in minors]
+    if None in tags:
+        return False
+    return json.dumps(before.get("Values")).replace(str(tags[0]), str(tags[1])) == json.dumps(after.get("Values"))
 
-    before, after = version(old), version(new)
-    if before and after and before != after:
-        preview.nodes.insert(
-            0,
+
+def _part_of_the_version_step(change: ResourceChange, old: dict, new: dict, minors: tuple[str, str]) -> bool:
+    """A change the Kubernetes minor itself makes: the control plane's and the node groups' Version (and AMI
+    release), the add-ons' versions, the kubectl layer that matches the minor, the autoscaler's image."""
+    props = set(change.properties)
+    if change.op != "~":
+        return False
+    if change.type == "AWS::EKS::Cluster":
+        return props <= {"Version"}
+    if change.type == "AWS::EKS::Nodegroup":
+        return props <= {"Version", "ReleaseVersion"}
+    if change.type == "AWS::EKS::Addon":
+        return props <= {"AddonVersion"}
+    if change.type == "AWS::Lambda::LayerVersion":
+        description = str(new.get("Resources", {}).get(change.logical_id, {}).get("Properties", {}).get("Description"))
+        return "kubectl" in description.lower()
+    if change.type == HELM_CHART_TYPE:
+        return _autoscaler_values_follow_the_minor(change, old, new, minors)
+    return False
+
+
+def _upgrade_lines(old: dict, new: dict, changes: list[ResourceChange], preview: Preview, config: Any) -> None:
+    """A Kubernetes upgrade step (config/upgrade.py): what moves now, the deploys that follow, and any other
+    change in the same deploy, which the upgrade step refuses to carry."""
+    before, before_groups = kubernetes_versions(old)
+    after, after_groups = kubernetes_versions(new)
+    moved = [
+        g for g in NODE_GROUP_ORDER if g in before_groups and after_groups.get(g, before_groups[g]) != before_groups[g]
+    ]
+    control_plane_moves = bool(before and after and before != after)
+    if not (control_plane_moves or moved):
+        return
+    if control_plane_moves:
+        stay = sorted(set(after_groups.values()))
+        addons = [c.logical_id for c in changes if c.type == "AWS::EKS::Addon"]
+        preview.upgrade.append(
             f"control plane: Kubernetes {before} -> {after}, upgraded in place by EKS (the API stays up); "
-            "then the node groups below",
+            f"the node groups stay at {', '.join(stay) or before} in this deploy; "
+            + (
+                f"{len(addons)} add-on(s) move to the versions pinned for {after}"
+                if addons
+                else "EKS leaves the add-ons at the versions they run (pin them in cluster.addon_versions)"
+            )
+        )
+    for group in moved:
+        preview.upgrade.append(
+            f"{group} nodes: Kubernetes {before_groups[group]} -> {after_groups[group]} (rolled below)"
+        )
+    if config is not None and after:
+        cluster = config.cluster
+        later = remaining_steps(
+            target=cluster.kubernetes_version,
+            group_targets=cluster.node_group_versions(),
+            deployed=after,
+            deployed_groups={g: v for g, v in after_groups.items() if g in before_groups},
+        )
+        if later:
+            preview.upgrade.append("then one `make deploy` each, with no other edit: " + "; ".join(later))
+        else:
+            preview.upgrade.append("the last step of the upgrade: every node group then runs the control plane's minor")
+    minors = (before or after or "", after or before or "")
+    others = [c.logical_id for c in changes if not _part_of_the_version_step(c, old, new, minors)]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        preview.two_deploys.append(
+            f"a Kubernetes upgrade step goes alone, and this deploy also changes {shown}: deploy the other edits first "
+            "with the versions that run now, or after the upgrade's last step"
         )
 
 
@@ -627,7 +715,7 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
     _mount_driver_lines(old, changes, preview)
     _store_lines(old, new, preview, config)
     _node_lines(old, new, by_id, preview)
-    _control_plane_lines(old, new, preview)
+    _upgrade_lines(old, new, changes, preview, config)
     _ray_service_lines(old, new, preview, config)
     _access_lines(old, new, by_id, preview)
     _creator_admin_line(new, preview, config)

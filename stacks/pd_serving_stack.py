@@ -18,6 +18,7 @@ from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from config.schema import AppConfig, DeployFacts, GcsStoreConfig
+from config.upgrade import step_of
 from manifests.contract import PHASES, RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from manifests.finalizers import POD_NETWORK_ADDONS
 from manifests.network_policies import network_policies
@@ -54,6 +55,7 @@ class PdServingStack(Stack):
         cluster = eks_cluster.cluster
         cni = eks_cluster.addons["vpc-cni"]
 
+        versions = step_of(cluster_config, deployer)
         system = SystemNodeGroup(
             self,
             "System",
@@ -61,7 +63,7 @@ class PdServingStack(Stack):
             config=cluster_config.system_node_group,
             subnets=network.private_subnets,
             metadata_hop_limit=cluster_config.metadata_hop_limit,
-            kubernetes_version=cluster_config.kubernetes_version,
+            kubernetes_version=versions.node_groups["system"],
             tags=config.tags,
             live_size=deployer.node_group_sizes.get("system"),
             replaced="system" in deployer.replaced_node_groups,
@@ -77,7 +79,7 @@ class PdServingStack(Stack):
                 fabric=fabric,
                 subnet=network.gpu_subnet,
                 metadata_hop_limit=cluster_config.metadata_hop_limit,
-                kubernetes_version=cluster_config.kubernetes_version,
+                kubernetes_version=versions.node_groups[phase],
                 tags=config.tags,
                 live_size=deployer.node_group_sizes.get(phase),
                 replaced=phase in deployer.replaced_node_groups,

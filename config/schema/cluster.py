@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from config import catalog, versions
+from config import catalog, upgrade, versions
 from config.schema.base import ADDON_VERSION, IAM_PRINCIPAL_ARN, LogRetentionDays, StrictModel, check_cidrs
 from config.schema.deploy import UNRESOLVED_DEPLOYER_CIDR
 
@@ -71,6 +71,19 @@ class EndpointAccessConfig(StrictModel):
         return self
 
 
+class NodeGroupVersion(StrictModel):
+    kubernetes_version: str | None = Field(
+        default=None,
+        description=(
+            "The Kubernetes minor this group's nodes run; left out, the cluster's (cluster.kubernetes_version). "
+            "At most three minors behind the cluster, never ahead. An upgrade needs none of these: `make deploy` "
+            "moves the control plane first and then one node group per deploy (config/upgrade.py); set one to "
+            "hold a group back."
+        ),
+        pattern=r"^1\.\d+$",
+    )
+
+
 class NodeGroupSizing(StrictModel):
     min_size: int = Field(description="Fewest nodes the group scales down to.", ge=0)
     desired_size: int = Field(
@@ -126,7 +139,7 @@ class RootVolume(StrictModel):
         return self
 
 
-class SystemNodeGroupConfig(NodeGroupSizing, RootVolume):
+class SystemNodeGroupConfig(NodeGroupSizing, RootVolume, NodeGroupVersion):
     instance_type: str = Field(
         description="Instance type of the system nodes (KubeRay operator, Ray head).",
         default="m7i.xlarge",
@@ -150,7 +163,7 @@ class SystemNodeGroupConfig(NodeGroupSizing, RootVolume):
         return value
 
 
-class GpuNodeGroupConfig(NodeGroupSizing, RootVolume):
+class GpuNodeGroupConfig(NodeGroupSizing, RootVolume, NodeGroupVersion):
     instance_type: str = Field(
         description="EFA-capable GPU instance type of this phase, for example g6.8xlarge.",
         default="g6.8xlarge",
@@ -261,7 +274,8 @@ class ClusterConfig(StrictModel):
         description=(
             "Versions of EKS's managed add-ons, e.g. {kube-proxy: v1.35.3-eksbuild.2}; each must be one EKS lists "
             "for kubernetes_version (`aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name "
-            "kube-proxy`). Left out, EKS installs its default for the cluster's version. Set them again when "
+            "kube-proxy`). Left out, EKS installs its default for the cluster's version when it creates the "
+            "add-on and never moves it afterwards, not even when the control plane moves: set them again when "
             "you change kubernetes_version."
         ),
     )
@@ -318,6 +332,33 @@ class ClusterConfig(StrictModel):
                     "leave it out (EKS's default for the cluster's version has it)"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _node_versions_within_skew(self) -> ClusterConfig:
+        cluster = upgrade.minor(self.kubernetes_version)
+        for group, version in self.node_group_versions().items():
+            field = upgrade.GROUP_FIELDS[group]
+            if upgrade.minor(version) > cluster:
+                raise ValueError(
+                    f"{field} {version} is newer than cluster.kubernetes_version {self.kubernetes_version}: nodes may "
+                    f"not run ahead of the control plane; set {self.kubernetes_version} or leave it out"
+                )
+            if cluster - upgrade.minor(version) > upgrade.MAX_NODE_SKEW:
+                raise ValueError(
+                    f"{field} {version} is more than {upgrade.MAX_NODE_SKEW} minors behind cluster.kubernetes_version "
+                    f"{self.kubernetes_version} (Kubernetes' version skew policy); set "
+                    f"{upgrade.version_of(cluster - upgrade.MAX_NODE_SKEW)} or later"
+                )
+        return self
+
+    def node_group_versions(self) -> dict[str, str]:
+        """Each node group's Kubernetes minor: its own, or the cluster's."""
+        groups: dict[str, NodeGroupVersion] = {
+            "system": self.system_node_group,
+            "prefill": self.gpu_node_groups.prefill,
+            "decode": self.gpu_node_groups.decode,
+        }
+        return {name: group.kubernetes_version or self.kubernetes_version for name, group in groups.items()}
 
     @field_validator("admin_principals")
     @classmethod

@@ -66,6 +66,22 @@ class DeployFacts(StrictModel):
             "(CloudFormation then changes nothing), unless the size is outside the new min_size..max_size."
         ),
     )
+    kubernetes_version: str | None = Field(
+        default=None,
+        description=(
+            "The Kubernetes minor the deployed control plane runs (eks:DescribeCluster, else the deployed "
+            "template). A version moves one minor per deploy, the control plane before the node groups "
+            "(config/upgrade.py)."
+        ),
+        pattern=r"^1\.\d+$",
+    )
+    node_group_versions: dict[NodeGroupName, Annotated[str, StringConstraints(pattern=r"^1\.\d+$")]] = Field(
+        default_factory=dict,
+        description=(
+            "The Kubernetes minor each deployed node group runs (eks:DescribeNodegroup, else the deployed "
+            "template): one group moves per deploy, after the control plane."
+        ),
+    )
     worker_replicas: dict[Literal["prefill", "decode"], NonNegativeInt] = Field(
         default_factory=dict,
         description=(

@@ -374,6 +374,22 @@ def test_deployed_stack_reads_each_node_group_size():
     verdict = guard("stack-deployed", config_data())
     assert verdict.errors == [] and verdict.warnings == []
     assert verdict.facts.node_group_sizes == {"system": 1, "prefill": 1, "decode": 2}
+    # What runs, from EKS: the upgrade's next step follows it (config/upgrade.py).
+    assert verdict.facts.kubernetes_version == "1.36"
+    assert verdict.facts.node_group_versions == {"system": "1.36", "prefill": "1.36", "decode": "1.36"}
+
+
+def test_the_quota_counts_the_nodes_eks_adds_while_an_upgrade_rolls_a_gpu_group():
+    """Half an upgrade done: this deploy rolls prefill to 1.36, and EKS first adds two g6.8xlarge
+    (64 vCPUs) beyond max_size. 160 vCPUs hold both groups at max_size (128), not the surge too."""
+    verdict = guard("upgrade-rolls-prefill", config_data())
+    assert verdict.errors == []
+    (warning,) = verdict.warnings
+    assert warning.startswith(
+        "Running On-Demand G and VT instances (L-DB2E81BA) allows 160 vCPUs in us-east-2; the GPU node groups at "
+        "max_size need 192 (with the 64 vCPUs of the 2 nodes EKS adds while it rolls prefill to a new minor)"
+    ), warning
+    assert verdict.facts.node_group_versions == {"system": "1.36", "prefill": "1.35", "decode": "1.35"}
 
 
 def test_node_group_that_cannot_be_described_is_a_warning():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +87,28 @@ def rehearse(variant):
         return Rehearsal(before_config, after_config, old, new, diff, summary.changes, summary)
 
     return run
+
+
+# The minor after the newest config/versions.py pins, for the rehearsals: its kubectl layer is the real
+# package (requirements-dev.txt); its Cluster Autoscaler tag is this test's until the release exists.
+NEXT_MINOR = "1.37"
+NEXT_MINOR_AUTOSCALER_TAG = "v1.37.0"
+
+
+@contextmanager
+def next_kubernetes_minor():
+    """config/versions.py's tables with the next minor in them, for as long as the block runs."""
+    from config import versions
+
+    minor = int(NEXT_MINOR.split(".")[1])
+    release = versions.KubernetesRelease(
+        version=NEXT_MINOR,
+        layer_module=f"aws_cdk.lambda_layer_kubectl_v{minor}",
+        layer_class=f"KubectlV{minor}Layer",
+        layer_package=f"aws-cdk.lambda-layer-kubectl-v{minor}",
+        end_of_extended_support=None,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(versions.KUBERNETES_RELEASES, NEXT_MINOR, release)
+        patch.setitem(versions.CLUSTER_AUTOSCALER_RELEASES, NEXT_MINOR, NEXT_MINOR_AUTOSCALER_TAG)
+        yield

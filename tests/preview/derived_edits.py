@@ -36,7 +36,10 @@ VALUES: dict[str, list[Any]] = {
     "network.vpc_cidr": ["10.60.0.0/16"],
     "network.availability_zones": ["<grow>", "<shrink>"],
     "network.gpu_availability_zone": ["<another zone>"],
-    "cluster.kubernetes_version": ["1.35"],
+    # The next minor (the rehearsal runs with tests.preview.conftest.next_kubernetes_minor): a downgrade is
+    # refused by the synth from the deployed version, as a group held behind the nodes it runs.
+    "cluster.kubernetes_version": ["1.37", "1.35"],
+    "cluster.*.kubernetes_version": ["1.35"],
     "cluster.endpoint.public_cidrs": [["203.0.113.0/24"]],
     "cluster.admin_principals": [[ADMIN]],
     "cluster.*.instance_type": ["<bigger>"],

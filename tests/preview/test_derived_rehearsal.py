@@ -59,66 +59,68 @@ def rehearsed(variant):
     from preview.classes import ChangeClass
     from preview.serving import summarize
     from tests.conftest import synth_variant
-    from tests.preview.conftest import deployed_facts
+    from tests.preview.conftest import deployed_facts, next_kubernetes_minor
 
     work = Path(tempfile.mkdtemp(prefix="derived-rehearsal-"))
     results: dict[str, list[Outcome]] = {}
-    for env in BASES:
-        data = _base(env)
-        stack, _, outdir = variant(f"{env}-deployed", data, deployed_facts(data))
-        old = json.loads((Path(outdir) / f"{stack.config.stack_name}.template.json").read_text())
-        facts = facts_from_deployed(deployed_facts(data), old)
-        outcomes = []
-        for index, edit in enumerate(edits_of(data)[0]):
-            # An assembly holds its assets (about 50 MB): only one per class is kept, for the CLI's
-            # diff below; a few hundred would fill a CI runner's disk.
-            kept = {o.assembly for done in (*results.values(), outcomes) for o in done if o.assembly}
-            for folder in work.glob("*-out"):
-                if folder not in kept:
-                    shutil.rmtree(folder)
-            after = apply(data, edit)
-            try:
-                parse_config(after, source=f"{env}.yaml")
-            except ConfigError as refused:
-                outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
-                continue
-            name = f"{env}-{index}"
-            try:
-                new_stack, template = synth_variant(work, after, name, facts)
-            except ConfigError as refused:  # the checks that need the synth (the model's fit, its files)
-                outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
-                continue
-            except Exception as error:  # reported by the test below, edit by edit
-                outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, crashed=f"{type(error).__name__}: {error}"))
-                continue
-            new = template.to_json()
-            try:
-                check_same_environment(old, new, source=f"the deployed {env}", stack=new_stack.config.stack_name)
-            except PreviewRefused as refused:
-                outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
-                continue
-            found = changes(old, new)
-            summary = summarize(old, new, found, config=new_stack.config)
-            again = facts_with_replacements(facts, new, summary.changes)
-            if again is not None:
-                new_stack, template = synth_variant(work, after, f"{name}-replacing", again)
+    # The next Kubernetes minor is an edit like any other: its tables, test-only where no release exists yet.
+    with next_kubernetes_minor():
+        for env in BASES:
+            data = _base(env)
+            stack, _, outdir = variant(f"{env}-deployed", data, deployed_facts(data))
+            old = json.loads((Path(outdir) / f"{stack.config.stack_name}.template.json").read_text())
+            facts = facts_from_deployed(deployed_facts(data), old)
+            outcomes = []
+            for index, edit in enumerate(edits_of(data)[0]):
+                # An assembly holds its assets (about 50 MB): only one per class is kept, for the CLI's
+                # diff below; a few hundred would fill a CI runner's disk.
+                kept = {o.assembly for done in (*results.values(), outcomes) for o in done if o.assembly}
+                for folder in work.glob("*-out"):
+                    if folder not in kept:
+                        shutil.rmtree(folder)
+                after = apply(data, edit)
+                try:
+                    parse_config(after, source=f"{env}.yaml")
+                except ConfigError as refused:
+                    outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
+                    continue
+                name = f"{env}-{index}"
+                try:
+                    new_stack, template = synth_variant(work, after, name, facts)
+                except ConfigError as refused:  # the checks that need the synth (the model's fit, its files)
+                    outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
+                    continue
+                except Exception as error:  # reported by the test below, edit by edit
+                    outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, crashed=f"{type(error).__name__}: {error}"))
+                    continue
                 new = template.to_json()
-                summary = summarize(old, new, changes(old, new), config=new_stack.config)
-            assembly = None
-            if summary.changes and summary.change_class not in {o.change_class for o in outcomes if o.assembly}:
-                assembly = work / f"{name}-out"
-            outcomes.append(
-                Outcome(
-                    env,
-                    edit,
-                    summary.change_class,
-                    summary=summary,
-                    new=new,
-                    assembly=assembly,
-                    config=new_stack.config,
+                try:
+                    check_same_environment(old, new, source=f"the deployed {env}", stack=new_stack.config.stack_name)
+                except PreviewRefused as refused:
+                    outcomes.append(Outcome(env, edit, ChangeClass.REFUSED, refusal=str(refused)))
+                    continue
+                found = changes(old, new)
+                summary = summarize(old, new, found, config=new_stack.config)
+                again = facts_with_replacements(facts, new, summary.changes)
+                if again is not None:
+                    new_stack, template = synth_variant(work, after, f"{name}-replacing", again)
+                    new = template.to_json()
+                    summary = summarize(old, new, changes(old, new), config=new_stack.config)
+                assembly = None
+                if summary.changes and summary.change_class not in {o.change_class for o in outcomes if o.assembly}:
+                    assembly = work / f"{name}-out"
+                outcomes.append(
+                    Outcome(
+                        env,
+                        edit,
+                        summary.change_class,
+                        summary=summary,
+                        new=new,
+                        assembly=assembly,
+                        config=new_stack.config,
+                    )
                 )
-            )
-        results[env] = outcomes
+            results[env] = outcomes
     report = Counter((o.env, o.change_class.label) for outcomes in results.values() for o in outcomes)
     print("\nderived rehearsal, edits per class:", dict(sorted(report.items())))
     yield results

@@ -67,9 +67,11 @@ EXPECT = {
     "chart-bump": Expected(
         ("nvidia-device-plugin: 0.20.0 -> 0.20.1 (helm upgrade)",), changed_types={"Custom::AWSCDK-EKS-HelmChart"}
     ),
-    # The kubectl layer follows the minor; the control plane and then each node group are upgraded in place.
+    # The kubectl layer follows the minor; the control plane moves first, each node group in a deploy
+    # of its own after it (tests/preview/test_kubernetes_upgrade.py walks them all).
     "kubernetes-minor": Expected(
-        ("nodes rolled one at a time",), nodes=True, replaced_ok=("AWS::Lambda::LayerVersion",)
+        ("control plane: Kubernetes 1.35 -> 1.36", "then one `make deploy` each, with no other edit: system nodes"),
+        replaced_ok=("AWS::Lambda::LayerVersion",),
     ),
     "cloudwatch": Expected(
         ("REPLACED: AWS::Logs::LogGroup", "REMOVED: AWS::APS::Workspace"),
