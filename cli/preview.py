@@ -18,6 +18,7 @@ says that is intended.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -49,6 +50,20 @@ def cluster_name_of(template: dict) -> str | None:
     return None
 
 
+# The CDK's default synthesizer stages a stack's assets (its Lambda code) in the bootstrap bucket of the
+# stack's own account and region: cdk-<qualifier>-assets-<account>-<region>.
+ASSET_BUCKET = re.compile(r"^cdk-[a-z0-9]+-assets-(\d{12})-([a-z0-9-]+)$")
+
+
+def environment_of(template: dict) -> tuple[str, str] | None:
+    """(account, region) a template was synthesized for, read from its assets' bootstrap bucket."""
+    for resource in template.get("Resources", {}).values():
+        bucket = (resource.get("Properties", {}).get("Code") or {}).get("S3Bucket")
+        if isinstance(bucket, str) and (found := ASSET_BUCKET.match(bucket)):
+            return found.group(1), found.group(2)
+    return None
+
+
 def check_same_environment(old: dict, new: dict, *, source: str, stack: str) -> None:
     old_name, new_name = cluster_name_of(old), cluster_name_of(new)
     if old_name is None:
@@ -57,6 +72,17 @@ def check_same_environment(old: dict, new: dict, *, source: str, stack: str) -> 
         raise PreviewRefused(
             f"{source} is the template of cluster {old_name}, not {new_name} ({stack}): pass the template of "
             "this environment, or pick its config with ENV=/CONFIG="
+        )
+    before, after = environment_of(old), environment_of(new)
+    if before and after and before != after:
+        moved = [
+            f"aws.{field} is {now} but {source} runs in {then}"
+            for field, then, now in zip(("account", "region"), before, after, strict=True)
+            if then != now
+        ]
+        raise PreviewRefused(
+            f"{'; '.join(moved)}: another account or region is a new environment, not an update of this one; "
+            f"deploy it with a config of its own (the old stack keeps running until `make destroy` with the old config)"
         )
 
 

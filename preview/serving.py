@@ -14,6 +14,7 @@ from config.upgrade import NODE_GROUP_ORDER, remaining_steps
 from config.versions import (
     CLUSTER_AUTOSCALER,
     CLUSTER_AUTOSCALER_RELEASES,
+    KUBERAY_OPERATOR,
     SECRETS_STORE_CSI_DRIVER,
     SECRETS_STORE_CSI_PROVIDER_AWS,
 )
@@ -491,7 +492,20 @@ def _ray_service_lines(old: dict, new: dict, preview: Preview, config: Any) -> N
         return
     old_spec, new_spec = before["spec"], after["spec"]
     strategy = (new_spec.get("upgradeStrategy") or {}).get("type", "NewCluster")
-    if cluster_spec_hash(old_spec["rayClusterConfig"]) != cluster_spec_hash(new_spec["rayClusterConfig"]):
+    spec_changes = cluster_spec_hash(old_spec["rayClusterConfig"]) != cluster_spec_hash(new_spec["rayClusterConfig"])
+    operator = _chart_versions(old).get(KUBERAY_OPERATOR.chart), _chart_versions(new).get(KUBERAY_OPERATOR.chart)
+    if spec_changes and strategy == "NewCluster" and operator[0] and operator[1] and operator[0] != operator[1]:
+        # KubeRay v1.7.0, ray-operator/controllers/ray/rayservice_controller.go: shouldUpdateCluster is true for
+        # the active cluster whenever its ray.io/kuberay-version annotation differs from the running operator's
+        # (:1363-1366), and reconcileRayCluster then writes the goal spec into that cluster in place
+        # (modifyRayCluster, :1442-1467) and refreshes its hash annotation, so no new cluster follows.
+        preview.two_deploys.append(
+            f"the KubeRay operator moves {operator[0]} -> {operator[1]} while the RayCluster spec changes: the new "
+            "operator's first reconcile sees an older ray.io/kuberay-version on the serving cluster and writes the new "
+            "spec into it in place (its pods keep the old one) instead of building a new cluster; deploy the chart "
+            "bump first (`make upgrade-crds` before it) with the spec that runs, then the spec change"
+        )
+    if spec_changes:
         if strategy == "NewCluster":
             preview.ray_service.append(_new_cluster_line(new, new_spec, config))
         else:
@@ -582,14 +596,15 @@ def _creator_admin_line(new: dict, preview: Preview, config: Any) -> None:
     )
 
 
-def _chart_lines(old: dict, new: dict, preview: Preview) -> None:
-    def versions(template: dict) -> dict[str, str]:
-        return {
-            r["Properties"]["Chart"]: r["Properties"].get("Version", "")
-            for r in _resources(template, "Custom::AWSCDK-EKS-HelmChart").values()
-        }
+def _chart_versions(template: dict) -> dict[str, str]:
+    return {
+        r["Properties"]["Chart"]: r["Properties"].get("Version", "")
+        for r in _resources(template, "Custom::AWSCDK-EKS-HelmChart").values()
+    }
 
-    before, after = versions(old), versions(new)
+
+def _chart_lines(old: dict, new: dict, preview: Preview) -> None:
+    before, after = _chart_versions(old), _chart_versions(new)
     for chart in sorted(set(before) | set(after)):
         if chart not in before:
             preview.charts.append(f"{chart} {after[chart]}: installed")
