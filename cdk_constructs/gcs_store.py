@@ -9,8 +9,8 @@ node's, so the head's pod IP) reaches port 6379.
 Ray's GCS verifies the server's certificate (hiredis ``redisCreateSSLContext``, ``SSL_VERIFY_PEER``)
 against the CA file ``RAY_REDIS_CA_CERT`` names; without one it falls back to the default paths of
 the BoringSSL linked into ``gcs_server`` (``/etc/ssl/cert.pem``), which are not the image's. So the
-head names the image's CA bundle (``manifests.gcs_store.tls_env``, the path in
-``config.versions.SERVING_IMAGE_CA_BUNDLE``); ElastiCache's in-transit certificates chain to
+head names the image's CA bundle (``manifests.gcs_store.tls_env``, the path the image's facts give:
+``config.versions.SERVING_IMAGES``, or the config's ``ray_service.image_ca_bundle``); ElastiCache's in-transit certificates chain to
 Amazon's public root CAs, which it holds.
 
 What the store holds is the GCS's metadata of one RayCluster (under a key prefix named by the

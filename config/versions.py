@@ -183,11 +183,66 @@ AWS_LOAD_BALANCER_CONTROLLER_CHART = HelmChartPin(
     version="3.2.2",
 )
 
+# The AWS Deep Learning Containers registry of each region, by its account: most regions serve the
+# DLCs from 763104351884, opt-in regions from accounts of their own. Verbatim from
+# aws/deep-learning-containers, docs/reference/region_availability.md ("Deep Learning Containers",
+# commit 19c7d1f1b1f2d4c8e9856c35f2e9ab6ad2ae1ded, 2026-08-10; the same accounts as the last
+# available_images.md table, commit 304df582b242f2c38d5904265ec1b569dbaefe5d). GovCloud is not listed.
+DLC_REGISTRY_ACCOUNTS: dict[str, str] = {
+    "us-east-2": "763104351884",
+    "us-east-1": "763104351884",
+    "us-west-1": "763104351884",
+    "us-west-2": "763104351884",
+    "af-south-1": "626614931356",
+    "ap-east-1": "871362719292",
+    "ap-south-2": "772153158452",
+    "ap-southeast-3": "907027046896",
+    "ap-southeast-5": "550225433462",
+    "ap-southeast-4": "457447274322",
+    "ap-south-1": "763104351884",
+    "ap-southeast-6": "633930458069",
+    "ap-northeast-3": "364406365360",
+    "ap-northeast-2": "763104351884",
+    "ap-southeast-1": "763104351884",
+    "ap-southeast-2": "763104351884",
+    "ap-east-2": "975050140332",
+    "ap-southeast-7": "590183813437",
+    "ap-northeast-1": "763104351884",
+    "ca-west-1": "204538143572",
+    "ca-central-1": "763104351884",
+    "eu-central-1": "763104351884",
+    "eu-west-1": "763104351884",
+    "eu-west-2": "763104351884",
+    "eu-south-1": "692866216735",
+    "eu-west-3": "763104351884",
+    "eu-south-2": "503227376785",
+    "eu-north-1": "763104351884",
+    "eu-central-2": "380420809688",
+    "il-central-1": "780543022126",
+    "mx-central-1": "637423239942",
+    "me-south-1": "217643126080",
+    "me-central-1": "914824155844",
+    "sa-east-1": "763104351884",
+    "cn-north-1": "727897471807",
+    "cn-northwest-1": "727897471807",
+}
+# What `{registry}` in ray_service.image stands for.
+REGISTRY_PLACEHOLDER = "{registry}"
+
+
+def dlc_registry(region: str) -> str | None:
+    """The region's Deep Learning Containers registry host, or None where the table has no account."""
+    account = DLC_REGISTRY_ACCOUNTS.get(region)
+    if account is None:
+        return None
+    return f"{account}.dkr.ecr.{region}.{'amazonaws.com.cn' if region.startswith('cn-') else 'amazonaws.com'}"
+
+
 # The AWS Ray LLM Deep Learning Container of the reference design: Ray 2.58.0, vLLM 0.26.0,
 # NIXL and the EFA userspace stack (https://github.com/aws/deep-learning-containers,
-# docs/ray-llm/changelog). Pulled from the regional DLC registry so that the pull goes through
+# docs/ray-llm/changelog). Pulled from the region's DLC registry so that the pull goes through
 # the VPC's ECR endpoints instead of the NAT gateway. `rayVersion` must equal the Ray inside.
-SERVING_IMAGE_REPOSITORY = "763104351884.dkr.ecr.{region}.amazonaws.com/ray"
+SERVING_IMAGE_REPOSITORY = f"{REGISTRY_PLACEHOLDER}/ray"
 SERVING_IMAGE_TAG = "serve-llm-cuda-v1.0.0"
 SERVING_IMAGE_RAY_VERSION = "2.58.0"
 SERVING_IMAGE_VLLM_VERSION = "0.26.0"
@@ -210,6 +265,35 @@ SERVING_STACK_PINS = {
 # The image is built on Amazon Linux 2023, whose ca-certificates package keeps the system's CA
 # bundle (Amazon's root CAs among them) here; the GCS is told to trust it for the store's TLS.
 SERVING_IMAGE_CA_BUNDLE = "/etc/pki/tls/certs/ca-bundle.crt"
+
+
+@dataclass(frozen=True)
+class ServingImageFacts:
+    """What the stack must know of a serving image and cannot ask it at synth."""
+
+    ray_version: str
+    python_version: str
+    ca_bundle: str  # the OS's CA bundle: the GCS verifies the store's TLS certificate with it
+    wheel_platform: str  # pip's platform tag for the image's C library: the streamer's wheels are fetched for it
+
+
+# The images the project knows, by repository name and tag (whatever registry serves them). For any
+# other image the config states these facts (ray_service.image_facts), or synth refuses it.
+SERVING_IMAGES: dict[str, ServingImageFacts] = {
+    f"ray:{SERVING_IMAGE_TAG}": ServingImageFacts(
+        ray_version=SERVING_IMAGE_RAY_VERSION,
+        python_version=SERVING_IMAGE_PYTHON_VERSION,
+        ca_bundle=SERVING_IMAGE_CA_BUNDLE,
+        wheel_platform=MODEL_STREAMER_PLATFORM[0],
+    ),
+}
+
+
+def known_image(image: str) -> ServingImageFacts | None:
+    """The facts of an image the project knows (repository name and tag, any registry), else None."""
+    return SERVING_IMAGES.get(image.rsplit("/", 1)[-1])
+
+
 # Root volume a node needs to pull the serving image: containerd keeps the compressed layers and
 # the unpacked snapshot (tens of GB for a CUDA + PyTorch + vLLM image), plus the OS and other images.
 SERVING_IMAGE_NODE_DISK_GIB = 100

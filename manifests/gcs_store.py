@@ -50,12 +50,13 @@ def redis_address(host: str) -> str:
     return f"{TLS_SCHEME}://{host}:{STORE_PORT}"
 
 
-def tls_env(address: str) -> list[dict[str, str]]:
-    """The head's environment for the store at ``address``: the image's CA bundle when the address
-    turns TLS on (``rediss://``), nothing for a plain one (the local server's loopback Redis)."""
+def tls_env(address: str, ca_bundle: str = SERVING_IMAGE_CA_BUNDLE) -> list[dict[str, str]]:
+    """The head's environment for the store at ``address``: the image's CA bundle (``ca_bundle``, the
+    serving image's facts) when the address turns TLS on (``rediss://``), nothing for a plain one (the
+    local server's loopback Redis)."""
     if not address.startswith(f"{TLS_SCHEME}://"):
         return []
-    return [{"name": CA_CERT_ENV, "value": SERVING_IMAGE_CA_BUNDLE}]
+    return [{"name": CA_CERT_ENV, "value": ca_bundle}]
 
 
 def fault_tolerance_options(host: str) -> dict[str, Any]:
@@ -85,8 +86,8 @@ def secret_provider_class(*, namespace: str, secret_arn: str, region: str) -> di
     )
 
 
-def mount_on_head(head: dict[str, Any], *, address: str) -> None:
+def mount_on_head(head: dict[str, Any], *, address: str, ca_bundle: str) -> None:
     """The CSI volume on the head pod (and so on KubeRay's cleanup Job), which makes the driver sync
-    the Secret that ``REDIS_PASSWORD`` is read from; and the CA bundle for the store at ``address``."""
+    the Secret that ``REDIS_PASSWORD`` is read from; and the image's CA bundle for the store at ``address``."""
     mount_secrets(head, volume=VOLUME, provider_class=PROVIDER_CLASS, mount_path=MOUNT_PATH)
-    head["template"]["spec"]["containers"][0].setdefault("env", []).extend(tls_env(address))
+    head["template"]["spec"]["containers"][0].setdefault("env", []).extend(tls_env(address, ca_bundle))

@@ -14,7 +14,6 @@ from config.versions import (
     MIRROR_JOB_IMAGE,
     MIRROR_JOB_PACKAGES,
     MODEL_STREAMER_PACKAGES,
-    MODEL_STREAMER_PLATFORM,
     MODEL_STREAMER_SHA256,
 )
 from manifests.contract import MIRROR_SERVICE_ACCOUNT, STREAMER_WHEELS_PREFIX, SYSTEM_NODE_SELECTOR
@@ -31,10 +30,9 @@ TOKEN_MOUNT = container_mount()
 WHEELS_DIR = "/tmp/wheels"
 
 
-def streamer_download_script(directory: str) -> str:
-    """pip downloads the model streamer's wheels for the serving image's Python and platform, each
-    checked against its pinned hash, so that the GPU workers can install them from the mirror."""
-    platform, python = MODEL_STREAMER_PLATFORM
+def streamer_download_script(directory: str, *, platform: str, python: str) -> str:
+    """pip downloads the model streamer's wheels for the serving image's Python and platform (the image's
+    facts), each checked against its pinned hash, so that the GPU workers can install them from the mirror."""
     lines = " ".join(
         shlex.quote(f"{package} --hash=sha256:{MODEL_STREAMER_SHA256[package]}") for package in MODEL_STREAMER_PACKAGES
     )
@@ -55,13 +53,16 @@ def manifests(config: AppConfig, *, repo: str, prefix: str, revision: str = "mai
     namespace = config.ray_service.namespace
     name = job_name(config)
     gated = bool(config.serving.model.hf_token_secret)
+    image_facts = config.ray_service.serving_image_facts()
     env = [{"name": "AWS_REGION", "value": config.aws.region}, {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"}]
     if gated:
         env.append({"name": "HF_TOKEN_PATH", "value": TOKEN_PATH})
     script = " && ".join(
         [
             f"pip install --quiet --no-cache-dir --no-deps {' '.join(MIRROR_JOB_PACKAGES)}",
-            streamer_download_script(WHEELS_DIR),
+            streamer_download_script(
+                WHEELS_DIR, platform=image_facts.wheel_platform, python=image_facts.python_version
+            ),
             "python /mirror/job.py "
             + shlex.join(
                 [

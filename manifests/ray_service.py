@@ -465,7 +465,11 @@ def ray_service(
         # raylets reconnect (KubeRay gives them RAY_gcs_rpc_server_reconnect_timeout_s=600).
         options = gcs_store.fault_tolerance_options(gcs_store_host)
         spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = options
-        gcs_store.mount_on_head(spec["rayClusterConfig"]["headGroupSpec"], address=options["redisAddress"])
+        gcs_store.mount_on_head(
+            spec["rayClusterConfig"]["headGroupSpec"],
+            address=options["redisAddress"],
+            ca_bundle=rs.serving_image_facts().ca_bundle,
+        )
     service = serve_service(rs)
     if service:
         spec["serveService"] = service

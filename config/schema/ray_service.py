@@ -179,9 +179,40 @@ class RayServiceConfig(StrictModel):
     image: str = Field(
         default=f"{versions.SERVING_IMAGE_REPOSITORY}:{versions.SERVING_IMAGE_TAG}",
         description=(
-            "Serving image with Ray, vLLM, NIXL and the EFA userspace; `{region}` is replaced "
-            "by aws.region. Must carry a version tag or a digest."
+            "Serving image with Ray, vLLM, NIXL and the EFA userspace; `{registry}` is replaced by aws.region's "
+            "AWS Deep Learning Containers registry (its account differs in opt-in regions: config/versions.py "
+            "DLC_REGISTRY_ACCOUNTS), `{region}` by aws.region. Must carry a version tag or a digest. An image "
+            "config/versions.py does not know (SERVING_IMAGES) needs image_python_version, image_ca_bundle and "
+            "image_wheel_platform."
         ),
+    )
+    # What the stack must know of the image and cannot ask it at synth: config/versions.py's SERVING_IMAGES
+    # says for the images it knows; for any other image these say, all three.
+    image_python_version: str | None = Field(
+        default=None,
+        description=(
+            "The image's Python, major.minor (e.g. 3.13): the model streamer's wheels are fetched for it. "
+            "Needed for an image config/versions.py does not know; otherwise its table says."
+        ),
+        pattern=r"^3\.\d+$",
+    )
+    image_ca_bundle: str | None = Field(
+        default=None,
+        description=(
+            "Path of the image OS's CA bundle (Amazon Linux, RHEL: /etc/pki/tls/certs/ca-bundle.crt; Debian, "
+            "Ubuntu: /etc/ssl/certs/ca-certificates.crt): the GCS verifies the store's TLS certificate with it. "
+            "Needed for an image config/versions.py does not know; otherwise its table says."
+        ),
+        pattern=r"^/",
+    )
+    image_wheel_platform: str | None = Field(
+        default=None,
+        description=(
+            "pip's platform tag for the image's C library (e.g. manylinux_2_34_x86_64 for glibc 2.34): the model "
+            "streamer's wheels are fetched for it. Needed for an image config/versions.py does not know; "
+            "otherwise its table says."
+        ),
+        pattern=r"^manylinux_\d+_\d+_(x86_64|aarch64)$",
     )
     ray_version: str = Field(
         default=versions.SERVING_IMAGE_RAY_VERSION,
@@ -259,5 +290,32 @@ class RayServiceConfig(StrictModel):
             )
         return value
 
+    @model_validator(mode="after")
+    def _image_known_or_described(self) -> RayServiceConfig:
+        stated = {
+            "image_python_version": self.image_python_version,
+            "image_ca_bundle": self.image_ca_bundle,
+            "image_wheel_platform": self.image_wheel_platform,
+        }
+        missing = [name for name, value in stated.items() if value is None]
+        if missing and versions.known_image(self.image) is None:
+            raise ValueError(
+                f"image {self.image!r} is not one config/versions.py knows (SERVING_IMAGES: "
+                f"{', '.join(versions.SERVING_IMAGES)}): set ray_service.{', '.join(missing)} for it, or use a known image"
+            )
+        return self
+
+    def serving_image_facts(self) -> versions.ServingImageFacts:
+        """The image's facts: those the config states, the rest from config/versions.py's table."""
+        known = versions.known_image(self.image)
+        return versions.ServingImageFacts(
+            ray_version=self.ray_version,
+            python_version=self.image_python_version or (known.python_version if known else ""),
+            ca_bundle=self.image_ca_bundle or (known.ca_bundle if known else ""),
+            wheel_platform=self.image_wheel_platform or (known.wheel_platform if known else ""),
+        )
+
     def image_for(self, region: str) -> str:
-        return self.image.replace("{region}", region)
+        registry = versions.dlc_registry(region)
+        image = self.image.replace(versions.REGISTRY_PLACEHOLDER, registry) if registry else self.image
+        return image.replace("{region}", region)

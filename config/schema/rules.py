@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from config import catalog
+from config import catalog, versions
 from config.schema.mirror import s3_bucket_name_problem
 from config.schema.observability import AMP_MIN_SCRAPE_INTERVAL
 from serve_app.spec import PHASES, REQUEST_ROUTER_RAY_CLASS, REQUEST_ROUTER_SINCE_RAY
@@ -29,6 +29,33 @@ def zones_in_region(config: AppConfig) -> str | None:
         return (
             f"network.availability_zones {foreign} are not in aws.region {region}; use "
             f"zones such as {region}a, {region}b"
+        )
+    return None
+
+
+# A registry host in ECR's own form: <account>.dkr.ecr.<region>.amazonaws.com[.cn]
+ECR_HOST = re.compile(r"^(\d{12})\.dkr\.ecr\.")
+
+
+def image_registry_in_region(config: AppConfig) -> str | None:
+    """The serving image comes from aws.region's own Deep Learning Containers registry: opt-in regions
+    serve the DLCs from accounts of their own, and a region without one has no copy of the image."""
+    region, image = config.aws.region, config.ray_service.image
+    registry = versions.dlc_registry(region)
+    if versions.REGISTRY_PLACEHOLDER in image and registry is None:
+        return (
+            f"aws.region {region} has no AWS Deep Learning Containers registry (config/versions.py "
+            "DLC_REGISTRY_ACCOUNTS, from aws/deep-learning-containers): deploy in a region that has one, or set "
+            "ray_service.image to a copy of the image in a registry of yours"
+        )
+    found = ECR_HOST.match(image)
+    dlc_accounts = set(versions.DLC_REGISTRY_ACCOUNTS.values())
+    if found and found.group(1) in dlc_accounts and found.group(1) != versions.DLC_REGISTRY_ACCOUNTS.get(region):
+        serves = versions.DLC_REGISTRY_ACCOUNTS.get(region)
+        where = f"serves them from {serves}" if serves else "has no Deep Learning Containers registry"
+        return (
+            f"ray_service.image names the Deep Learning Containers registry of account {found.group(1)}, but aws.region "
+            f"{region} {where}: write {versions.REGISTRY_PLACEHOLDER} for the registry host (the default image does)"
         )
     return None
 
@@ -228,6 +255,7 @@ def deletion_delay_outlives_requests(config: AppConfig) -> str | None:
 
 RULES: tuple[Rule, ...] = (
     zones_in_region,
+    image_registry_in_region,
     production_endpoint,
     egress_for_charts_and_images,
     s3_source_in_region,

@@ -102,6 +102,7 @@ def with_fields(config, changes: dict):
 def test_rules_run_in_the_order_the_validators_ran():
     assert [rule.__name__ for rule in rules.RULES] == [
         "zones_in_region",
+        "image_registry_in_region",
         "production_endpoint",
         "egress_for_charts_and_images",
         "s3_source_in_region",

@@ -14,9 +14,79 @@ def test_image_without_version_tag(dev_data, image):
     assert "has no version tag; pin a versioned tag" in problems_for(dev_data)
 
 
-def test_image_pinned_by_digest_is_accepted(dev_data):
-    dev_data["ray_service"] = {"image": "rayproject/ray-llm@sha256:" + "a" * 64}
+# What the stack must know of an image it has no table entry for (Ubuntu's CA path, an older glibc).
+UBUNTU_FACTS = {
+    "image_python_version": "3.12",
+    "image_ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
+    "image_wheel_platform": "manylinux_2_28_x86_64",
+}
+
+
+def test_image_pinned_by_digest_is_accepted_with_its_facts(dev_data):
+    dev_data["ray_service"] = {"image": "rayproject/ray-llm@sha256:" + "a" * 64, **UBUNTU_FACTS}
     assert parse_config(dev_data).ray_service.image.endswith("a" * 64)
+
+
+def test_an_image_the_project_does_not_know_needs_its_facts(dev_data):
+    dev_data["ray_service"] = {"image": "123456789012.dkr.ecr.us-east-2.amazonaws.com/my-ray:v2.58.0-ubuntu"}
+    assert (
+        "ray_service: image '123456789012.dkr.ecr.us-east-2.amazonaws.com/my-ray:v2.58.0-ubuntu' is not one "
+        "config/versions.py knows (SERVING_IMAGES: ray:serve-llm-cuda-v1.0.0): set "
+        "ray_service.image_python_version, image_ca_bundle, image_wheel_platform for it, or use a known image"
+    ) in problems_for(dev_data)
+    dev_data["ray_service"].update(UBUNTU_FACTS)
+    facts = parse_config(dev_data).ray_service.serving_image_facts()
+    assert (facts.ca_bundle, facts.wheel_platform, facts.python_version) == (
+        "/etc/ssl/certs/ca-certificates.crt",
+        "manylinux_2_28_x86_64",
+        "3.12",
+    )
+
+
+def test_the_known_images_facts_come_from_its_table_entry_whatever_registry_serves_it(dev_data):
+    from config import versions
+
+    dev_data["ray_service"] = {"image": "123456789012.dkr.ecr.us-east-2.amazonaws.com/ray:serve-llm-cuda-v1.0.0"}
+    facts = parse_config(dev_data).ray_service.serving_image_facts()
+    assert facts == versions.SERVING_IMAGES["ray:serve-llm-cuda-v1.0.0"]
+    assert facts.ca_bundle == "/etc/pki/tls/certs/ca-bundle.crt"  # Amazon Linux 2023, the DLC's base
+
+
+@pytest.mark.parametrize(
+    ("region", "registry"),
+    [
+        ("us-east-2", "763104351884.dkr.ecr.us-east-2.amazonaws.com"),
+        ("af-south-1", "626614931356.dkr.ecr.af-south-1.amazonaws.com"),
+        ("eu-south-2", "503227376785.dkr.ecr.eu-south-2.amazonaws.com"),
+        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn"),
+    ],
+)
+def test_the_default_image_comes_from_the_regions_own_dlc_registry(dev_data, region, registry):
+    dev_data["aws"]["region"] = region
+    dev_data["network"]["availability_zones"] = [f"{region}a", f"{region}b"]
+    dev_data["network"]["gpu_availability_zone"] = f"{region}a"
+    config = parse_config(dev_data)
+    assert config.ray_service.image_for(region) == f"{registry}/ray:serve-llm-cuda-v1.0.0"
+
+
+def test_a_region_without_a_dlc_registry_is_refused_in_one_line(dev_data):
+    dev_data["aws"]["region"] = "us-gov-west-1"
+    dev_data["network"]["availability_zones"] = ["us-gov-west-1a", "us-gov-west-1b"]
+    dev_data["network"]["gpu_availability_zone"] = "us-gov-west-1a"
+    message = problems_for(dev_data)
+    assert "aws.region us-gov-west-1 has no AWS Deep Learning Containers registry" in message
+    assert "set ray_service.image to a copy of the image in a registry of yours" in message
+
+
+def test_the_default_regions_registry_named_in_an_opt_in_region_is_refused(dev_data):
+    dev_data["aws"]["region"] = "af-south-1"
+    dev_data["network"]["availability_zones"] = ["af-south-1a", "af-south-1b"]
+    dev_data["network"]["gpu_availability_zone"] = "af-south-1a"
+    dev_data["ray_service"] = {"image": "763104351884.dkr.ecr.{region}.amazonaws.com/ray:serve-llm-cuda-v1.0.0"}
+    assert (
+        "ray_service.image names the Deep Learning Containers registry of account 763104351884, but aws.region "
+        "af-south-1 serves them from 626614931356: write {registry} for the registry host"
+    ) in problems_for(dev_data)
 
 
 def test_nlb_without_allowed_cidrs(dev_data):

@@ -47,7 +47,11 @@ VALUES: dict[str, list[Any]] = {
     "charts.*": ["<patch bump>"],
     "ray_service.namespace": ["llm2"],
     "ray_service.name": ["pd-llm2"],
-    "ray_service.image": ["763104351884.dkr.ecr.{region}.amazonaws.com/ray:serve-llm-cuda-v1.0.1"],
+    # An image config/versions.py does not know: refused without its facts.
+    "ray_service.image": ["{registry}/ray:serve-llm-cuda-v1.0.1"],
+    "ray_service.image_python_version": ["3.12"],
+    "ray_service.image_ca_bundle": ["/etc/ssl/certs/ca-certificates.crt"],
+    "ray_service.image_wheel_platform": ["manylinux_2_28_x86_64"],
     "ray_service.ray_version": ["2.58.1"],
     "ray_service.head.cpu": ["3"],
     "ray_service.head.memory": ["12Gi"],
