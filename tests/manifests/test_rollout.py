@@ -112,7 +112,14 @@ def test_max_surge_reaches_serve_with_a_ray_2_60_image():
     from serve_app.serve_config import serve_config
 
     data = data_with("in_place")
-    data["ray_service"].update(image="registry.example.com/ray-llm:2.60.0", ray_version="2.60.0")
+    data["ray_service"].update(
+        image="registry.example.com/ray-llm:2.60.0",
+        ray_version="2.60.0",
+        # An image config/versions.py does not list states what the stack must know of it.
+        image_python_version="3.13",
+        image_ca_bundle="/etc/pki/tls/certs/ca-bundle.crt",
+        image_wheel_platform="manylinux_2_34_x86_64",
+    )
     data["serving"]["decode"]["max_surge_percent"] = 100
     config = parse_config(data)
     deployment = config.serving.llm_config("decode")["deployment_config"]
