@@ -19,7 +19,7 @@ import aws_cdk as cdk
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import ConfigError, config_path_for, describe_validation_error, load_config
 from config.schema import DeployFacts
-from config.upgrade import VersionStepRefused, step_of
+from config.upgrade import VersionStepRefused
 from kuberay import MIRRORED_VERSION, KubeRayRejection
 from planner import PlanningError
 from planner.from_config import advisor_warning, plan_config
@@ -67,10 +67,6 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
     config = load_config(config_path)
     deployer = load_deploy_facts(deploy_facts)
     report = checked_plan(config, config_path)
-    try:
-        step_of(config.cluster, deployer)
-    except VersionStepRefused as refused:
-        raise ConfigError(config_path, [str(refused)]) from None
     app = cdk.App(
         outdir=outdir,
         # A construct's creation trace from Python ends in jsii's bundled JavaScript, not in this
@@ -91,6 +87,8 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         raise ConfigError(
             config_path, [f"KubeRay {MIRRORED_VERSION}'s controller would refuse the RayService: {exc}"]
         ) from None
+    except VersionStepRefused as refused:  # a Kubernetes version step EKS would refuse (config/upgrade.py)
+        raise ConfigError(config_path, [str(refused)]) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():
         cdk.Tags.of(stack).add(key, value, exclude_resource_types=list(TAGS_REPLACE))

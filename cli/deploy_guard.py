@@ -31,7 +31,7 @@ from cmdline import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
-from config.upgrade import VersionStepRefused, upgrade_step
+from config.upgrade import VersionStepRefused, step_of
 from manifests.observability import (
     CONTAINER_INSIGHTS_LOG_GROUPS,
     container_insights_log_group,
@@ -43,9 +43,9 @@ CHECKIP_URL = "https://checkip.amazonaws.com"
 # RFC 5737: addresses for documentation; no real client comes from them.
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 FIND_YOUR_ADDRESS = "`curl -s https://checkip.amazonaws.com` prints your public address; add /32"
-# The stack's outputs that name its node groups (stacks/pd_serving_stack.py), by deploy-facts name.
 # Nodes EKS adds to a one-zone managed node group while it rolls it (upgrade_surge).
 ROLLING_SURGE_NODES = 2
+# The stack's outputs that name its node groups (stacks/pd_serving_stack.py), by deploy-facts name.
 NODE_GROUP_OUTPUTS = {"system": "SystemNodeGroup", "prefill": "PrefillNodeGroup", "decode": "DecodeNodeGroup"}
 # Secrets Manager's own key: DescribeSecret leaves KmsKeyId out for it, or names this alias.
 AWS_MANAGED_SECRETS_KEY = "alias/aws/secretsmanager"
@@ -176,11 +176,8 @@ def upgrade_surge(config: AppConfig, live: LiveNodeGroups) -> tuple[str, int] | 
     if live.cluster_version is None:
         return None
     try:
-        step = upgrade_step(
-            target=config.cluster.kubernetes_version,
-            group_targets=config.cluster.node_group_versions(),
-            deployed=live.cluster_version,
-            deployed_groups=live.versions,
+        step = step_of(
+            config.cluster, DeployFacts(kubernetes_version=live.cluster_version, node_group_versions=live.versions)
         )
     except VersionStepRefused:
         return None  # refused with its own line (the synth's)

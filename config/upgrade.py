@@ -62,14 +62,7 @@ class UpgradeStep:
     node_groups: dict[str, str]
     moves: str = ""  # what this deploy upgrades, in words; empty when no version moves
     then: tuple[str, ...] = field(default_factory=tuple)  # each later deploy, in words
-
-    @property
-    def rolls(self) -> str | None:
-        """The node group this deploy rolls to a new version, if any."""
-        for group in NODE_GROUP_ORDER:
-            if self.moves.startswith(f"{group} nodes"):
-                return group
-        return None
+    rolls: str | None = None  # the node group this deploy rolls to a new version, if any
 
 
 def _lagging(group_targets: Mapping[str, str], deployed_groups: Mapping[str, str]) -> list[str]:
@@ -141,6 +134,7 @@ def upgrade_step(
         control_plane=target,
         node_groups={**kept, first: group_targets[first], **new_groups},
         moves=f"{first} nodes {deployed_groups[first]} -> {group_targets[first]}",
+        rolls=first,
         then=tuple(f"{g} nodes {deployed_groups[g]} -> {group_targets[g]}" for g in rest),
     )
 

@@ -271,7 +271,6 @@ SERVING_IMAGE_CA_BUNDLE = "/etc/pki/tls/certs/ca-bundle.crt"
 class ServingImageFacts:
     """What the stack must know of a serving image and cannot ask it at synth."""
 
-    ray_version: str
     python_version: str
     ca_bundle: str  # the OS's CA bundle: the GCS verifies the store's TLS certificate with it
     wheel_platform: str  # pip's platform tag for the image's C library: the streamer's wheels are fetched for it
@@ -281,7 +280,6 @@ class ServingImageFacts:
 # other image the config states these facts (ray_service.image_facts), or synth refuses it.
 SERVING_IMAGES: dict[str, ServingImageFacts] = {
     f"ray:{SERVING_IMAGE_TAG}": ServingImageFacts(
-        ray_version=SERVING_IMAGE_RAY_VERSION,
         python_version=SERVING_IMAGE_PYTHON_VERSION,
         ca_bundle=SERVING_IMAGE_CA_BUNDLE,
         wheel_platform=MODEL_STREAMER_PLATFORM[0],

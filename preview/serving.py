@@ -217,10 +217,19 @@ def _references(value: Any) -> set[str]:
     return set()
 
 
-def _pod_templates(ray_service: dict) -> list[dict]:
-    cluster = ray_service.get("spec", {}).get("rayClusterConfig", {})
-    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
+def _cluster_pod_specs(cluster_spec: dict) -> list[dict]:
+    """The pod specs of a RayCluster spec (a RayService's rayClusterConfig, or a RayCluster's spec)."""
+    groups = [cluster_spec.get("headGroupSpec") or {}, *(cluster_spec.get("workerGroupSpecs") or [])]
     return [group.get("template", {}).get("spec", {}) for group in groups]
+
+
+def _pod_templates(ray_service: dict) -> list[dict]:
+    return _cluster_pod_specs(ray_service.get("spec", {}).get("rayClusterConfig", {}))
+
+
+def _csi_volumes(pod_spec: dict) -> list[dict]:
+    """The volumes a pod (or pod template) spec mounts through the Secrets Store CSI driver."""
+    return [v for v in pod_spec.get("volumes") or [] if (v.get("csi") or {}).get("driver") == CSI_DRIVER]
 
 
 def _secrets_store_classes(ray_service: dict) -> set[str]:
@@ -228,8 +237,7 @@ def _secrets_store_classes(ray_service: dict) -> set[str]:
     return {
         volume["csi"].get("volumeAttributes", {}).get("secretProviderClass", "")
         for pod in _pod_templates(ray_service)
-        for volume in pod.get("volumes") or []
-        if (volume.get("csi") or {}).get("driver") == CSI_DRIVER
+        for volume in _csi_volumes(pod)
     }
 
 
@@ -246,11 +254,6 @@ def secrets_store_installed(template: dict) -> bool:
     )
 
 
-def mounts_secrets_store(pod_spec: dict) -> bool:
-    """A pod (or pod template) spec mounts a volume through the Secrets Store CSI driver."""
-    return any((volume.get("csi") or {}).get("driver") == CSI_DRIVER for volume in pod_spec.get("volumes") or [])
-
-
 def live_users(rayclusters: list[dict], pods: list[dict]) -> tuple[list[str], list[str]]:
     """(RayClusters that keep their GCS in the external store, RayClusters and pods that mount through the
     Secrets Store CSI driver), from what the cluster lists now: an old RayCluster that KubeRay has not
@@ -261,11 +264,10 @@ def live_users(rayclusters: list[dict], pods: list[dict]) -> tuple[list[str], li
         spec = cluster.get("spec", {})
         if "gcsFaultToleranceOptions" in spec:
             gcs.append(f"RayCluster {name}")
-        groups = [spec.get("headGroupSpec") or {}, *(spec.get("workerGroupSpecs") or [])]
-        if any(mounts_secrets_store(group.get("template", {}).get("spec", {})) for group in groups):
+        if any(_csi_volumes(pod_spec) for pod_spec in _cluster_pod_specs(spec)):
             csi.append(f"RayCluster {name}")
     for pod in pods:
-        if mounts_secrets_store(pod.get("spec", {})):
+        if _csi_volumes(pod.get("spec", {})):
             csi.append(f"pod {pod.get('metadata', {}).get('name', '?')}")
     return gcs, csi
 

@@ -309,7 +309,6 @@ class RayServiceConfig(StrictModel):
         """The image's facts: those the config states, the rest from config/versions.py's table."""
         known = versions.known_image(self.image)
         return versions.ServingImageFacts(
-            ray_version=self.ray_version,
             python_version=self.image_python_version or (known.python_version if known else ""),
             ca_bundle=self.image_ca_bundle or (known.ca_bundle if known else ""),
             wheel_platform=self.image_wheel_platform or (known.wheel_platform if known else ""),
