@@ -87,7 +87,7 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         raise ConfigError(
             config_path, [f"KubeRay {MIRRORED_VERSION}'s controller would refuse the RayService: {exc}"]
         ) from None
-    except VersionStepRefused as refused:  # a Kubernetes version step EKS would refuse (config/upgrade.py)
+    except VersionStepRefused as refused:  # a version or release step EKS would refuse (config/upgrade.py, releases.py)
         raise ConfigError(config_path, [str(refused)]) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():

@@ -19,6 +19,7 @@ from cdk_constructs.policy import (
     cdk_provider,
     managed_policy_finding,
 )
+from config.releases import addon_versions
 from config.schema import UNRESOLVED_DEPLOYER_CIDR, ClusterConfig, DeployFacts
 from config.versions import AWS_LOAD_BALANCER_CONTROLLER, KUBERNETES_RELEASES
 from manifests.observability import control_plane_log_group
@@ -202,7 +203,10 @@ class EksCluster(Construct):
             # are deleted only after every Kubernetes object, so a destroy that stalls on a finalizer
             # leaves them the kubectl to lift it with.
             self.cluster.node.find_child("KubectlReadyBarrier").node.add_dependency(entry)
-        self.addon_versions = dict(config.addon_versions)
+        # The control plane's add-ons move with it, in the deploy that moves it (config/releases.py).
+        self.addon_versions = addon_versions(
+            control_plane=config.kubernetes_version, overrides=config.addon_versions, live=deployer.addon_versions
+        )
         self.addons = {
             name: eks.Addon(
                 self,

@@ -134,11 +134,14 @@ def apply_desired_size(nodegroup: eks.Nodegroup, desired: int | None) -> None:
         nodegroup.node.default_child.add_property_override("ScalingConfig.DesiredSize", desired)
 
 
-def follow_cluster_version(nodegroup: eks.Nodegroup, kubernetes_version: str) -> None:
-    """Pins the node group to the cluster's Kubernetes minor, so that a version bump rolls the nodes
-    (after the control plane, which CloudFormation updates first); without it a managed node group
-    stays on its release. aws_eks_v2's Nodegroup has no prop for it."""
-    nodegroup.node.default_child.add_property_override("Version", kubernetes_version)
+def pin_versions(nodegroup: eks.Nodegroup, kubernetes_version: str, ami_release: str | None) -> None:
+    """Pins the node group to its Kubernetes minor and AMI release, so that a new minor or release rolls
+    the nodes (after the control plane, which CloudFormation updates first); without them a managed node
+    group stays on the release it was created with. aws_eks_v2's Nodegroup has no prop for the version."""
+    child = nodegroup.node.default_child
+    child.add_property_override("Version", kubernetes_version)
+    if ami_release is not None:
+        child.add_property_override("ReleaseVersion", ami_release)
 
 
 class SystemNodeGroup(Construct):
@@ -149,7 +152,8 @@ class SystemNodeGroup(Construct):
         config: sizes and instance type.
         subnets: private subnets the nodes may use (all AZs).
         metadata_hop_limit: IMDSv2 hop limit.
-        kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
+        kubernetes_version: the Kubernetes minor the nodes run in this deploy (config/upgrade.py).
+        ami_release: their AMI release (config/releases.py); None leaves the one they run.
         tags: the stack's tags, for the instances, volumes and network interfaces.
         live_size: the group's size now, when it exists (see ``template_desired_size``).
         replaced: this deploy replaces the group.
@@ -165,6 +169,7 @@ class SystemNodeGroup(Construct):
         subnets: list[ec2.ISubnet],
         metadata_hop_limit: int,
         kubernetes_version: str,
+        ami_release: str | None,
         tags: dict[str, str],
         live_size: int | None = None,
         replaced: bool = False,
@@ -192,7 +197,7 @@ class SystemNodeGroup(Construct):
             launch_template_spec=_template_spec(self.launch_template),
         )
         apply_desired_size(self.nodegroup, sized(config, live_size, replaced))
-        follow_cluster_version(self.nodegroup, kubernetes_version)
+        pin_versions(self.nodegroup, kubernetes_version, ami_release)
         acknowledge_node_role(self.nodegroup)
 
 
@@ -257,7 +262,8 @@ class GpuNodeGroup(Construct):
         fabric: the shared placement group and EFA security group.
         subnet: the single private subnet (in the GPU AZ) for every GPU node.
         metadata_hop_limit: IMDSv2 hop limit.
-        kubernetes_version: the cluster's Kubernetes minor, which the nodes follow.
+        kubernetes_version: the Kubernetes minor the nodes run in this deploy (config/upgrade.py).
+        ami_release: their AMI release (config/releases.py); None leaves the one they run.
         tags: the stack's tags, for the instances, volumes and network interfaces.
         live_size: the group's size now, when it exists (see ``template_desired_size``).
         replaced: this deploy replaces the group.
@@ -278,6 +284,7 @@ class GpuNodeGroup(Construct):
         subnet: ec2.ISubnet,
         metadata_hop_limit: int,
         kubernetes_version: str,
+        ami_release: str | None,
         tags: dict[str, str],
         live_size: int | None = None,
         replaced: bool = False,
@@ -349,5 +356,5 @@ class GpuNodeGroup(Construct):
         for key, value in node_template_tags(self.extended_resources).items():
             Tags.of(self.nodegroup).add(key, value)
         apply_desired_size(self.nodegroup, sized(config, live_size, replaced))
-        follow_cluster_version(self.nodegroup, kubernetes_version)
+        pin_versions(self.nodegroup, kubernetes_version, ami_release)
         acknowledge_node_role(self.nodegroup)

@@ -46,6 +46,7 @@ from cli.preview import (
 from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
 from config.schema import DeployFacts
+from config.upgrade import NODE_GROUP_ORDER
 from manifests.contract import WORKER_GROUPS
 from preview import cdk_diff
 from preview.serving import (
@@ -56,6 +57,7 @@ from preview.serving import (
     live_users,
     node_group_sizes,
     placement_group_tags,
+    releases_in,
     replaced_node_groups,
     secrets_store_installed,
     secrets_store_mounted,
@@ -139,18 +141,25 @@ def plan(config, config_path: str, *, outdir: Path, old: dict | None, facts: Dep
 
 
 def facts_from_deployed(facts: DeployFacts, old: dict) -> DeployFacts:
-    """What the deployed template itself tells the synth: the Kubernetes minors it runs (an upgrade
-    moves one step per deploy), what it holds that cannot change in place
+    """What the deployed template itself tells the synth: the Kubernetes minors, add-on versions and AMI
+    releases it runs (an upgrade moves one step per deploy; a pin never takes one back), what it holds that cannot change in place
     (how the cluster was created, the placement group's tags), the logical id of each principal's
     access entry, the GCS store's replica and failover (ElastiCache changes one per deploy), and what
     the serving RayService uses (the store, the CSI driver), which stays until a deploy after it."""
     cluster_version, group_versions = kubernetes_versions(old)
+    addons, releases, unpinned = releases_in(old)
     return facts.model_copy(
         update={
             # What EKS said (the guard asks it) wins: a version can move outside the template (EKS
             # upgrades a cluster whose extended support ended; `aws eks update-nodegroup-version`).
             "kubernetes_version": facts.kubernetes_version or cluster_version,
             "node_group_versions": {**group_versions, **facts.node_group_versions},
+            "addon_versions": {**addons, **facts.addon_versions},
+            "node_ami_releases": {
+                **{g: r for g, r in releases.items() if g in NODE_GROUP_ORDER},
+                **facts.node_ami_releases,
+            },
+            "ami_release_unpinned": [g for g in unpinned if g in NODE_GROUP_ORDER],
             "access_entry_ids": access_entry_ids(old),
             "cluster_has_bootstrap_admin": creator_is_admin(old),
             "placement_group_tags": placement_group_tags(old),

@@ -30,8 +30,10 @@ from botocore.exceptions import ClientError
 from cmdline import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
+from config.releases import node_releases
 from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
 from config.upgrade import VersionStepRefused, step_of
+from config.versions import EKS_ADDONS
 from manifests.observability import (
     CONTAINER_INSIGHTS_LOG_GROUPS,
     container_insights_log_group,
@@ -168,38 +170,46 @@ def gpu_vcpus(config: AppConfig) -> dict[str, tuple[int, int]]:
     return need
 
 
-def upgrade_surge(config: AppConfig, live: LiveNodeGroups) -> tuple[str, int] | None:
-    """(GPU group, vCPUs) of the surge this deploy's Kubernetes upgrade step adds: EKS rolls a managed
-    node group by first adding nodes, "up to twice the number of Availability Zones" or one more than
-    the maximum unavailable (https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html):
+def upgrade_surge(config: AppConfig, live: LiveNodeGroups) -> tuple[str, int, str] | None:
+    """(GPU group, vCPUs, to what it rolls) of the surge this deploy's Kubernetes upgrade step or AMI release adds: EKS rolls a
+    managed node group by first adding nodes, "up to twice the number of Availability Zones" or one more
+    than the maximum unavailable (https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html):
     two, in the GPU groups' one zone."""
     if live.cluster_version is None:
         return None
+    facts = DeployFacts(
+        kubernetes_version=live.cluster_version, node_group_versions=live.versions, node_ami_releases=live.releases
+    )
     try:
-        step = step_of(
-            config.cluster, DeployFacts(kubernetes_version=live.cluster_version, node_group_versions=live.versions)
-        )
+        step = step_of(config.cluster, facts)
+        releases = node_releases(config.cluster, step, facts)
     except VersionStepRefused:
         return None  # refused with its own line (the synth's)
-    if step.rolls not in ("prefill", "decode"):
+    rolls = step.rolls or releases.rolls
+    if rolls not in ("prefill", "decode"):
         return None
-    group = getattr(config.cluster.gpu_node_groups, step.rolls)
-    return step.rolls, ROLLING_SURGE_NODES * catalog.INSTANCES[group.instance_type].vcpus
+    target = f"Kubernetes {step.node_groups[rolls]}" if step.rolls else f"AMI release {releases.releases[rolls]}"
+    group = getattr(config.cluster.gpu_node_groups, rolls)
+    return rolls, ROLLING_SURGE_NODES * catalog.INSTANCES[group.instance_type].vcpus, target
 
 
-def quota_findings(config: AppConfig, quotas: Any, surge: tuple[str, int] | None = None) -> tuple[list[str], list[str]]:
+def quota_findings(
+    config: AppConfig, quotas: Any, surge: tuple[str, int, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(errors, warnings) from the account's on-demand vCPU quotas for the GPU families, with the surge of
-    a node group this deploy rolls to a new Kubernetes minor."""
+    a node group this deploy rolls to a new Kubernetes minor or AMI release."""
     errors, warnings = [], []
     names = {q.code: q.name for q in catalog.ON_DEMAND_QUOTAS.values()}
     need = gpu_vcpus(config)
     surging = ""
     if surge is not None:
-        group, vcpus = surge
+        group, vcpus, target = surge
         code = catalog.on_demand_quota(getattr(config.cluster.gpu_node_groups, group).instance_type).code
         desired, most = need[code]
         need[code] = (desired, most + vcpus)
-        surging = f" (with the {vcpus} vCPUs of the {ROLLING_SURGE_NODES} nodes EKS adds while it rolls {group} to a new minor)"
+        surging = (
+            f" (with the {vcpus} vCPUs of the {ROLLING_SURGE_NODES} nodes EKS adds while it rolls {group} to {target})"
+        )
     for code, (desired, most) in sorted(need.items()):
         try:
             try:
@@ -546,7 +556,9 @@ class LiveNodeGroups:
 
     sizes: dict[str, int] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    releases: dict[str, str] = field(default_factory=dict)  # each group's AMI release
     cluster_version: str | None = None
+    addon_versions: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -562,22 +574,42 @@ def cluster_version(config: AppConfig, eks: Any) -> tuple[str | None, list[str]]
         ]
 
 
+def addon_versions(config: AppConfig, eks: Any) -> tuple[dict[str, str], list[str]]:
+    """({add-on: the version it runs}, warnings): config/versions.py's pins are floors, so a newer version
+    that runs is kept, which only a reading can tell."""
+    found: dict[str, str] = {}
+    warnings = []
+    for name in EKS_ADDONS:
+        try:
+            found[name] = eks.describe_addon(clusterName=config.cluster_name, addonName=name)["addon"]["addonVersion"]
+        except (ClientError, KeyError) as exc:
+            warnings.append(
+                f"could not read the version of the {name} add-on (eks:DescribeAddon: {error_code(exc)}); the deployed "
+                "template's stands in for it, and a pin older than what runs would take the add-on back"
+            )
+    return found, warnings
+
+
 def live_node_groups(config: AppConfig, stack: dict[str, Any], eks: Any) -> LiveNodeGroups:
-    """The control plane's version, and each node group's desired size and version now."""
+    """The control plane's version and add-ons, and each node group's desired size, version and AMI release now."""
     live = LiveNodeGroups()
     live.cluster_version, live.warnings = cluster_version(config, eks)
-    live.sizes, live.versions, warnings = node_group_sizes(config, stack, eks)
+    live.addon_versions, warnings = addon_versions(config, eks)
+    live.warnings += warnings
+    live.sizes, live.versions, live.releases, warnings = node_group_sizes(config, stack, eks)
     live.warnings += warnings
     return live
 
 
 def node_group_sizes(
     config: AppConfig, stack: dict[str, Any], eks: Any
-) -> tuple[dict[str, int], dict[str, str], list[str]]:
-    """({group: desired size now}, {group: Kubernetes minor now}, warnings) of the deployed stack's node groups."""
+) -> tuple[dict[str, int], dict[str, str], dict[str, str], list[str]]:
+    """({group: desired size now}, {group: Kubernetes minor now}, {group: AMI release now}, warnings) of the
+    deployed stack's node groups."""
     outputs = {o["OutputKey"]: o.get("OutputValue", "") for o in stack.get("Outputs", [])}
     sizes: dict[str, int] = {}
     versions: dict[str, str] = {}
+    releases: dict[str, str] = {}
     warnings = []
     for group, key in NODE_GROUP_OUTPUTS.items():
         unknown = "the template then sets the config's desired_size, and EKS resizes the group to it at once"
@@ -593,12 +625,14 @@ def node_group_sizes(
             sizes[group] = nodegroup["scalingConfig"]["desiredSize"]
             if "version" in nodegroup:
                 versions[group] = nodegroup["version"]
+            if "releaseVersion" in nodegroup:
+                releases[group] = nodegroup["releaseVersion"]
         except (ClientError, KeyError) as exc:
             warnings.append(
                 f"could not read the size of the {group} node group {name} (eks:DescribeNodegroup: {error_code(exc)}); "
                 f"{unknown}"
             )
-    return sizes, versions, warnings
+    return sizes, versions, releases, warnings
 
 
 def check(
@@ -683,6 +717,8 @@ def check(
             "node_group_sizes": live.sizes,
             "kubernetes_version": live.cluster_version,
             "node_group_versions": live.versions,
+            "node_ami_releases": live.releases,
+            "addon_versions": live.addon_versions,
             "hf_token_kms_key_arn": key_arn,
             "api_key_kms_key_arns": api_keys,
             "adopted_log_groups": adopted,

@@ -95,6 +95,69 @@ CLUSTER_AUTOSCALER_RELEASES: dict[str, str] = {
     "1.35": "v1.35.2",
     "1.36": "v1.36.1",
 }
+
+
+@dataclass(frozen=True)
+class ReleasePin:
+    """A release that was read from a published source, and that source."""
+
+    version: str
+    source: str
+
+
+_ADDON_DOCS = "https://docs.aws.amazon.com/ja_jp/eks/latest/userguide/managing-{}.md"
+# The VPC CNI's table (AWS's China-partition copy of the user guide): one build for 1.29 to 1.35.
+_VPC_CNI_DOCS = "https://docs.amazonaws.cn/eks/latest/userguide/managing-vpc-cni.md"
+# AWS's answer in aws/containers-roadmap#2684 (2025-11-24): "v1.3.10-eksbuild.1 which is set to default
+# version in all regions", when 1.34 was the newest minor.
+_POD_IDENTITY_DEFAULT = "https://github.com/aws/containers-roadmap/issues/2684"
+# EKS managed add-ons per Kubernetes minor of the control plane (config/releases.py). Each is a floor: the
+# template sets it, or the version the cluster already runs when that is newer (`make deploy` reads it with
+# eks:DescribeAddon), so a pin never takes an add-on back; cluster.addon_versions overrides one. EKS moves no
+# add-on by itself, not even when the control plane moves. Only versions a published table shows for the
+# minor are pinned: where none does (the VPC CNI and Pod Identity agent on 1.36), EKS creates the add-on at
+# its default and later deploys carry the version it runs. kube-proxy and coredns: the user guide's tables
+# (the Japanese rendition, the newest full copy that could be read).
+EKS_ADDON_RELEASES: dict[str, dict[str, ReleasePin]] = {
+    "1.33": {
+        "vpc-cni": ReleasePin("v1.21.1-eksbuild.7", _VPC_CNI_DOCS),
+        "kube-proxy": ReleasePin("v1.33.10-eksbuild.13", _ADDON_DOCS.format("kube-proxy")),
+        "coredns": ReleasePin("v1.12.4-eksbuild.18", _ADDON_DOCS.format("coredns")),
+        "eks-pod-identity-agent": ReleasePin("v1.3.10-eksbuild.1", _POD_IDENTITY_DEFAULT),
+    },
+    "1.34": {
+        "vpc-cni": ReleasePin("v1.21.1-eksbuild.7", _VPC_CNI_DOCS),
+        "kube-proxy": ReleasePin("v1.34.6-eksbuild.13", _ADDON_DOCS.format("kube-proxy")),
+        "coredns": ReleasePin("v1.13.2-eksbuild.11", _ADDON_DOCS.format("coredns")),
+        "eks-pod-identity-agent": ReleasePin("v1.3.10-eksbuild.1", _POD_IDENTITY_DEFAULT),
+    },
+    "1.35": {
+        "vpc-cni": ReleasePin("v1.21.1-eksbuild.7", _VPC_CNI_DOCS),
+        "kube-proxy": ReleasePin("v1.35.3-eksbuild.13", _ADDON_DOCS.format("kube-proxy")),
+        "coredns": ReleasePin("v1.14.3-eksbuild.3", _ADDON_DOCS.format("coredns")),
+    },
+    "1.36": {
+        "kube-proxy": ReleasePin("v1.36.0-eksbuild.14", _ADDON_DOCS.format("kube-proxy")),
+        "coredns": ReleasePin("v1.14.3-eksbuild.3", _ADDON_DOCS.format("coredns")),
+    },
+}
+EKS_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
+
+_AMI_CHANGELOG = (
+    "https://github.com/awslabs/amazon-eks-ami/blob/81fec2e895854f599974fe4d3d72f61c0a9aaffa/CHANGELOG.md "
+    "(AMI Release v20260714)"
+)
+# The EKS-optimized Amazon Linux 2023 AMI release of each Kubernetes minor a node group may run (the
+# standard and NVIDIA x86_64 AMIs of a release share its version). A floor like the add-ons: a group that
+# already runs a newer release keeps it (eks:DescribeNodegroup releaseVersion); a group's
+# ami_release_version takes a newer one. Moving it rolls the group's nodes.
+NODE_AMI_RELEASES: dict[str, ReleasePin] = {
+    "1.33": ReleasePin("1.33.13-20260714", _AMI_CHANGELOG),
+    "1.34": ReleasePin("1.34.9-20260714", _AMI_CHANGELOG),
+    "1.35": ReleasePin("1.35.6-20260714", _AMI_CHANGELOG),
+    "1.36": ReleasePin("1.36.3-20260903", "https://github.com/awslabs/amazon-eks-ami/releases/tag/v20260903"),
+}
+
 # KubeRay's CRDs, applied server-side by `make upgrade-crds` when the operator chart moves (Helm
 # installs a chart's crds/ once and never upgrades them).
 KUBERAY_CRDS_KUSTOMIZATION = "github.com/ray-project/kuberay/ray-operator/config/crd?ref=v{version}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config import catalog
+from config.releases import ami_order, release_pin
 from config.schema import DeployedGcsStore
 from config.upgrade import NODE_GROUP_ORDER, remaining_steps
 from config.versions import (
@@ -179,6 +180,26 @@ def kubernetes_versions(template: dict) -> tuple[str | None, dict[str, str]]:
         if isinstance(version := group.get("Properties", {}).get("Version"), str)
     }
     return (cluster if isinstance(cluster, str) else None), groups
+
+
+def releases_in(template: dict) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """What the template pins besides the minors: ({add-on: AddonVersion}, {node group: ReleaseVersion}, the
+    node groups it leaves without ReleaseVersion)."""
+    addons = {
+        name: version
+        for addon in _resources(template, "AWS::EKS::Addon").values()
+        if isinstance(name := addon.get("Properties", {}).get("AddonName"), str)
+        and isinstance(version := addon["Properties"].get("AddonVersion"), str)
+    }
+    releases: dict[str, str] = {}
+    unpinned: list[str] = []
+    for group in _resources(template, "AWS::EKS::Nodegroup").values():
+        release = group.get("Properties", {}).get("ReleaseVersion")
+        if isinstance(release, str):
+            releases[_group_name(group)] = release
+        else:
+            unpinned.append(_group_name(group))
+    return addons, releases, unpinned
 
 
 def access_entry_ids(template: dict) -> dict[str, str]:
@@ -395,9 +416,9 @@ def _upgrade_lines(old: dict, new: dict, changes: list[ResourceChange], preview:
             f"control plane: Kubernetes {before} -> {after}, upgraded in place by EKS (the API stays up); "
             f"the node groups stay at {', '.join(stay) or before} in this deploy; "
             + (
-                f"{len(addons)} add-on(s) move to the versions pinned for {after}"
+                f"{len(addons)} add-on(s) move to the versions pinned for {after} (config/versions.py)"
                 if addons
-                else "EKS leaves the add-ons at the versions they run (pin them in cluster.addon_versions)"
+                else f"the add-ons already run versions at or above those pinned for {after}"
             )
         )
     for group in moved:
@@ -424,6 +445,50 @@ def _upgrade_lines(old: dict, new: dict, changes: list[ResourceChange], preview:
             f"a Kubernetes upgrade step goes alone, and this deploy also changes {shown}: deploy the other edits first "
             "with the versions that run now, or after the upgrade's last step"
         )
+
+
+def _release_lines(old: dict, new: dict, changes: list[ResourceChange], preview: Preview, config: Any) -> None:
+    """An AMI release roll (config/releases.py): the group it rolls, the groups that follow one deploy each,
+    and what EKS will not take in the same update of a node group."""
+    _, old_releases, _ = releases_in(old)
+    _, new_releases, _ = releases_in(new)
+    _, old_groups = kubernetes_versions(old)
+    _, new_groups = kubernetes_versions(new)
+    rolled = [
+        g
+        for g in NODE_GROUP_ORDER
+        if g in old_groups
+        and old_groups.get(g) == new_groups.get(g)
+        and new_releases.get(g) not in (None, old_releases.get(g))
+    ]
+    for group in rolled:
+        before = old_releases.get(group, "the release it runs")
+        preview.upgrade.append(f"{group} nodes: AMI release {before} -> {new_releases[group]} (rolled below)")
+    if rolled and config is not None:
+        waiting = [
+            g
+            for g in NODE_GROUP_ORDER
+            if g in new_releases
+            and (pinned := release_pin(config.cluster, g, new_groups.get(g, ""))) is not None
+            and ami_order(pinned) > ami_order(new_releases[g])
+        ]
+        if waiting:
+            preview.upgrade.append(
+                "then one `make deploy` each, with no other edit: "
+                + "; ".join(
+                    f"{g} nodes to AMI release {release_pin(config.cluster, g, new_groups[g])}" for g in waiting
+                )
+            )
+    for change in changes:
+        if change.type == "AWS::EKS::Nodegroup" and change.op == "~":
+            # A Version change with other edits is the upgrade step's refusal (_upgrade_lines).
+            others = sorted(set(change.properties) - {"ReleaseVersion"})
+            if "ReleaseVersion" in change.properties and others and "Version" not in others:
+                preview.two_deploys.append(
+                    f"{change.logical_id} changes ReleaseVersion together with {', '.join(others)}: EKS refuses "
+                    '"Version and ReleaseVersion updates ... combined with other updates"; deploy the other edits '
+                    "first, then the release"
+                )
 
 
 def _node_lines(old: dict, new: dict, changes: dict[str, ResourceChange], preview: Preview) -> None:
@@ -733,6 +798,7 @@ def summarize(old: dict, new: dict, changes: list[ResourceChange], *, config: An
     _store_lines(old, new, preview, config)
     _node_lines(old, new, by_id, preview)
     _upgrade_lines(old, new, changes, preview, config)
+    _release_lines(old, new, changes, preview, config)
     _ray_service_lines(old, new, preview, config)
     _access_lines(old, new, by_id, preview)
     _creator_admin_line(new, preview, config)

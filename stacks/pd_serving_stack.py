@@ -17,6 +17,7 @@ from cdk_constructs.network import Network
 from cdk_constructs.node_groups import EfaFabric, GpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
+from config.releases import node_releases
 from config.schema import AppConfig, DeployFacts, GcsStoreConfig
 from config.upgrade import step_of
 from manifests.contract import PHASES, RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
@@ -56,6 +57,7 @@ class PdServingStack(Stack):
         cni = eks_cluster.addons["vpc-cni"]
 
         versions = step_of(cluster_config, deployer)
+        releases = node_releases(cluster_config, versions, deployer).releases
         system = SystemNodeGroup(
             self,
             "System",
@@ -64,6 +66,7 @@ class PdServingStack(Stack):
             subnets=network.private_subnets,
             metadata_hop_limit=cluster_config.metadata_hop_limit,
             kubernetes_version=versions.node_groups["system"],
+            ami_release=releases["system"],
             tags=config.tags,
             live_size=deployer.node_group_sizes.get("system"),
             replaced="system" in deployer.replaced_node_groups,
@@ -80,6 +83,7 @@ class PdServingStack(Stack):
                 subnet=network.gpu_subnet,
                 metadata_hop_limit=cluster_config.metadata_hop_limit,
                 kubernetes_version=versions.node_groups[phase],
+                ami_release=releases[phase],
                 tags=config.tags,
                 live_size=deployer.node_group_sizes.get(phase),
                 replaced=phase in deployer.replaced_node_groups,

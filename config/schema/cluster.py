@@ -82,6 +82,18 @@ class NodeGroupVersion(StrictModel):
         ),
         pattern=r"^1\.\d+$",
     )
+    ami_release_version: str | None = Field(
+        default=None,
+        description=(
+            "The EKS-optimized AL2023 AMI release this group's nodes run, e.g. 1.36.3-20260903; left out, the "
+            "release config/versions.py pins for the group's Kubernetes minor, or the newer one the group already "
+            "runs. Set it to take a newer release (rolls the group's nodes): `aws ssm get-parameter --name "
+            "/aws/service/eks/optimized-ami/1.36/amazon-linux-2023/x86_64/nvidia/recommended/release_version` "
+            "(standard instead of nvidia for the system group) names the newest. It must be a release of the "
+            "group's Kubernetes minor."
+        ),
+        pattern=r"^1\.\d+\.\d+-\d{8}$",
+    )
 
 
 class NodeGroupSizing(StrictModel):
@@ -272,11 +284,12 @@ class ClusterConfig(StrictModel):
     addon_versions: dict[Literal["vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"], str] = Field(
         default_factory=dict,
         description=(
-            "Versions of EKS's managed add-ons, e.g. {kube-proxy: v1.35.3-eksbuild.2}; each must be one EKS lists "
-            "for kubernetes_version (`aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name "
-            "kube-proxy`). Left out, EKS installs its default for the cluster's version when it creates the "
-            "add-on and never moves it afterwards, not even when the control plane moves: set them again when "
-            "you change kubernetes_version."
+            "Versions of EKS's managed add-ons that override config/versions.py's pins, e.g. {kube-proxy: "
+            "v1.36.0-eksbuild.21}; each must be one EKS lists for kubernetes_version (`aws eks "
+            "describe-addon-versions --kubernetes-version 1.36 --addon-name kube-proxy`) and not older than the "
+            "cluster runs. Left out, an add-on runs the version pinned for the control plane's minor, or the newer "
+            "one it already runs: a control plane upgrade moves the add-ons to the new minor's pins in the same "
+            "deploy. Remove an override when you change kubernetes_version."
         ),
     )
 
@@ -351,14 +364,34 @@ class ClusterConfig(StrictModel):
                 )
         return self
 
-    def node_group_versions(self) -> dict[str, str]:
-        """Each node group's Kubernetes minor: its own, or the cluster's."""
-        groups: dict[str, NodeGroupVersion] = {
+    @model_validator(mode="after")
+    def _releases_pinned(self) -> ClusterConfig:
+        for group, version in self.node_group_versions().items():
+            release = self.node_groups()[group].ami_release_version
+            field = upgrade.GROUP_FIELDS[group].replace("kubernetes_version", "ami_release_version")
+            if release is not None and not release.startswith(f"{version}."):
+                raise ValueError(
+                    f"{field} {release} is not a release of Kubernetes {version}, which the group runs; set a {version} "
+                    "release or leave it out"
+                )
+            if release is None and version not in versions.NODE_AMI_RELEASES:
+                raise ValueError(
+                    f"the {group} nodes run Kubernetes {version}, for which config/versions.py pins no AMI release "
+                    f"(NODE_AMI_RELEASES); set {field} to a {version} release, or add the pin"
+                )
+        return self
+
+    def node_groups(self) -> dict[str, NodeGroupVersion]:
+        """Each node group's section, by the name the deploy facts use."""
+        return {
             "system": self.system_node_group,
             "prefill": self.gpu_node_groups.prefill,
             "decode": self.gpu_node_groups.decode,
         }
-        return {name: group.kubernetes_version or self.kubernetes_version for name, group in groups.items()}
+
+    def node_group_versions(self) -> dict[str, str]:
+        """Each node group's Kubernetes minor: its own, or the cluster's."""
+        return {name: group.kubernetes_version or self.kubernetes_version for name, group in self.node_groups().items()}
 
     @field_validator("admin_principals")
     @classmethod

@@ -82,6 +82,27 @@ class DeployFacts(StrictModel):
             "template): one group moves per deploy, after the control plane."
         ),
     )
+    addon_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "The version each EKS managed add-on runs (eks:DescribeAddon, else the deployed template's): the "
+            "pins in config/versions.py are floors, so an add-on that runs a newer version keeps it."
+        ),
+    )
+    node_ami_releases: dict[NodeGroupName, Annotated[str, StringConstraints(pattern=r"^1\.\d+\.\d+-\d{8}$")]] = Field(
+        default_factory=dict,
+        description=(
+            "The AMI release each node group runs (eks:DescribeNodegroup releaseVersion, else the deployed "
+            "template's ReleaseVersion): a group that runs a newer release than the pin keeps it."
+        ),
+    )
+    ami_release_unpinned: list[NodeGroupName] = Field(
+        default_factory=list,
+        description=(
+            "Node groups the deployed template creates without ReleaseVersion: the property is added only when "
+            "the group's release moves, never at the release it already runs."
+        ),
+    )
     worker_replicas: dict[Literal["prefill", "decode"], NonNegativeInt] = Field(
         default_factory=dict,
         description=(

@@ -51,6 +51,7 @@ def cluster_parts(config):
         subnets=network.private_subnets,
         metadata_hop_limit=1,
         kubernetes_version="1.36",
+        ami_release="1.36.3-20260903",
         tags=config.tags,
     )
     eks_cluster.add_coredns_after(system.nodegroup)
@@ -65,6 +66,7 @@ def cluster_parts(config):
         subnet=network.gpu_subnet,
         metadata_hop_limit=1,
         kubernetes_version="1.36",
+        ami_release="1.36.3-20260903",
         tags=config.tags,
     )
     addons.nvidia_device_plugin(stack, cluster=eks_cluster.cluster, version="0.20.0")

@@ -387,7 +387,7 @@ def test_the_quota_counts_the_nodes_eks_adds_while_an_upgrade_rolls_a_gpu_group(
     (warning,) = verdict.warnings
     assert warning.startswith(
         "Running On-Demand G and VT instances (L-DB2E81BA) allows 160 vCPUs in us-east-2; the GPU node groups at "
-        "max_size need 192 (with the 64 vCPUs of the 2 nodes EKS adds while it rolls prefill to a new minor)"
+        "max_size need 192 (with the 64 vCPUs of the 2 nodes EKS adds while it rolls prefill to Kubernetes 1.36)"
     ), warning
     assert verdict.facts.node_group_versions == {"system": "1.36", "prefill": "1.35", "decode": "1.35"}
 
@@ -522,3 +522,29 @@ def test_a_container_insights_group_left_after_a_destroy_is_refused():
     (line,) = guard("cloudwatch-group-left-behind", cloudwatch_config()).errors
     assert "the log group /aws/containerinsights/pd-dev/host exists but the stack pd-dev-pd-serving does not" in line
     assert "`aws logs delete-log-group --log-group-name /aws/containerinsights/pd-dev/host --region us-east-2`" in line
+
+
+def test_the_guard_reads_the_add_ons_and_ami_releases_that_run():
+    """The pins are floors: what runs is read, and a release roll counts its surge like an upgrade step."""
+    verdict = guard("releases-behind", config_data())
+    assert verdict.errors == []
+    unreadable, quota = verdict.warnings
+    assert unreadable == (
+        "could not read the version of the eks-pod-identity-agent add-on (eks:DescribeAddon: AccessDeniedException); "
+        "the deployed template's stands in for it, and a pin older than what runs would take the add-on back"
+    )
+    assert quota.startswith(
+        "Running On-Demand G and VT instances (L-DB2E81BA) allows 160 vCPUs in us-east-2; the GPU node groups at "
+        "max_size need 192 (with the 64 vCPUs of the 2 nodes EKS adds while it rolls prefill to AMI release "
+        "1.36.3-20260903)"
+    ), quota
+    assert verdict.facts.addon_versions == {
+        "vpc-cni": "v1.21.1-eksbuild.7",
+        "kube-proxy": "v1.36.0-eksbuild.21",
+        "coredns": "v1.14.3-eksbuild.3",
+    }
+    assert verdict.facts.node_ami_releases == {
+        "system": "1.36.3-20260903",
+        "prefill": "1.36.2-20260714",
+        "decode": "1.36.2-20260714",
+    }

@@ -93,6 +93,10 @@ def rehearse(variant):
 # package (requirements-dev.txt); its Cluster Autoscaler tag is this test's until the release exists.
 NEXT_MINOR = "1.37"
 NEXT_MINOR_AUTOSCALER_TAG = "v1.37.0"
+# A real release (https://github.com/awslabs/amazon-eks-ami/releases/tag/v20261119); the add-on builds are
+# this table's own, as no published one could be read for 1.37.
+NEXT_MINOR_AMI_RELEASE = "1.37.1-20261119"
+NEXT_MINOR_ADDONS = {"kube-proxy": "v1.37.0-eksbuild.1", "coredns": "v1.14.3-eksbuild.3"}
 
 
 @contextmanager
@@ -111,4 +115,19 @@ def next_kubernetes_minor():
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(versions.KUBERNETES_RELEASES, NEXT_MINOR, release)
         patch.setitem(versions.CLUSTER_AUTOSCALER_RELEASES, NEXT_MINOR, NEXT_MINOR_AUTOSCALER_TAG)
+        patch.setitem(
+            versions.NODE_AMI_RELEASES,
+            NEXT_MINOR,
+            versions.ReleasePin(
+                NEXT_MINOR_AMI_RELEASE, "https://github.com/awslabs/amazon-eks-ami/releases/tag/v20261119"
+            ),
+        )
+        patch.setitem(
+            versions.EKS_ADDON_RELEASES,
+            NEXT_MINOR,
+            {
+                name: versions.ReleasePin(version, "tests/preview/conftest.py")
+                for name, version in NEXT_MINOR_ADDONS.items()
+            },
+        )
         yield

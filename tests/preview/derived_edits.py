@@ -43,7 +43,9 @@ VALUES: dict[str, list[Any]] = {
     "cluster.endpoint.public_cidrs": [["203.0.113.0/24"]],
     "cluster.admin_principals": [[ADMIN]],
     "cluster.*.instance_type": ["<bigger>"],
+    # Older than what the deployed template runs: refused, as a pin never takes an add-on or a node back.
     "cluster.addon_versions": [{"coredns": "v1.13.2-eksbuild.1"}],
+    "cluster.*.ami_release_version": ["1.36.2-20260714"],
     "charts.*": ["<patch bump>"],
     "ray_service.namespace": ["llm2"],
     "ray_service.name": ["pd-llm2"],

@@ -27,15 +27,18 @@ def at_version(version: str):
     return edit
 
 
-def deploy_in_turn(work: Path, start: dict, target: dict, *, most: int = 6):
-    """The deploys from ``start`` (deployed) to ``target``: [(summary, changes)] until one changes nothing."""
+def deploy_in_turn(work: Path, start: dict, target: dict, *, most: int = 6, deployed: dict | None = None):
+    """The deploys from ``start`` (deployed; or the ``deployed`` template itself) to ``target``:
+    [(summary, changes)] until one changes nothing."""
     from cli.deploy import facts_from_deployed
     from consumers.template_changes import changes
     from preview.serving import summarize
     from tests.conftest import synth_variant
 
-    _, template = synth_variant(work, start, "deployed", deployed_facts(start))
-    old = template.to_json()
+    if deployed is None:
+        _, template = synth_variant(work, start, "deployed", deployed_facts(start))
+        deployed = template.to_json()
+    old = deployed
     steps = []
     for index in range(most):
         facts = facts_from_deployed(deployed_facts(target), old)
@@ -55,9 +58,9 @@ def test_an_upgrade_is_the_control_plane_then_one_node_group_per_deploy(tmp_path
     (control_plane, _), *node_steps, (last, nothing) = steps
     assert nothing == [] and last.lines() == ["No change."]
 
-    assert control_plane.upgrade[0].startswith(
+    assert control_plane.upgrade[0] == (
         "control plane: Kubernetes 1.35 -> 1.36, upgraded in place by EKS (the API stays up); the node groups stay "
-        "at 1.35 in this deploy; EKS leaves the add-ons at the versions they run"
+        "at 1.35 in this deploy; 1 add-on(s) move to the versions pinned for 1.36 (config/versions.py)"
     )
     assert control_plane.upgrade[1] == (
         "then one `make deploy` each, with no other edit: system nodes 1.35 -> 1.36; prefill nodes 1.35 -> 1.36; "
@@ -66,12 +69,17 @@ def test_an_upgrade_is_the_control_plane_then_one_node_group_per_deploy(tmp_path
     assert control_plane.nodes == [] and control_plane.two_deploys == []
     changed = {(c.type, tuple(sorted(c.properties))) for c in control_plane.changes}
     assert ("AWS::EKS::Cluster", ("Version",)) in changed
+    # kube-proxy follows the control plane's minor; coredns's pin is the same build for both minors.
+    assert ("AWS::EKS::Addon", ("AddonVersion",)) in changed
     assert not [c for c in control_plane.changes if c.type == "AWS::EKS::Nodegroup"]
 
     for (summary, found), group in zip(node_steps, ("system", "prefill", "decode"), strict=True):
-        assert [(c.type, sorted(c.properties)) for c in found] == [("AWS::EKS::Nodegroup", ["Version"])]
+        # The new minor's AMI release comes with it, in the same update of the group.
+        assert [(c.type, sorted(c.properties)) for c in found] == [
+            ("AWS::EKS::Nodegroup", ["ReleaseVersion", "Version"])
+        ]
         assert summary.upgrade[0] == f"{group} nodes: Kubernetes 1.35 -> 1.36 (rolled below)"
-        assert any(line.startswith(f"{group}: nodes rolled one at a time (Version)") for line in summary.nodes)
+        assert any(line.startswith(f"{group}: nodes rolled one at a time (") for line in summary.nodes)
         assert summary.two_deploys == [] and summary.change_class.label == "nodes roll"
     assert node_steps[-1][0].upgrade[-1] == (
         "the last step of the upgrade: every node group then runs the control plane's minor"
@@ -92,6 +100,57 @@ def test_the_next_minor_steps_the_same_way_with_its_own_kubectl_layer(tmp_path):
     assert layer and control_plane.two_deploys == [], control_plane.lines()
     autoscaler = [c for c in found if c.type == "Custom::AWSCDK-EKS-HelmChart"]
     assert [sorted(c.properties) for c in autoscaler] == [["Values"]]
+
+
+def test_a_new_ami_release_rolls_one_node_group_per_deploy(tmp_path):
+    """The 1.36 pin moves to a newer release over a stack deployed at the older one: each group rolls in its
+    own deploy, the preview names the ones still to come, and the walk ends with no change."""
+    from config import versions
+    from tests.conftest import synth_variant
+
+    older = versions.ReleasePin("1.36.2-20260714", "https://github.com/awslabs/amazon-eks-ami/releases/tag/v20260714")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(versions.NODE_AMI_RELEASES, "1.36", older)
+        _, template = synth_variant(tmp_path, dev(), "deployed-older-ami", deployed_facts(dev()))
+    steps = deploy_in_turn(tmp_path, dev(), dev(), deployed=template.to_json())
+    assert len(steps) == 4, [s.lines() for s, _ in steps]
+    pin = versions.NODE_AMI_RELEASES["1.36"].version
+    for index, group in enumerate(("system", "prefill", "decode")):
+        summary, found = steps[index]
+        assert [(c.type, sorted(c.properties)) for c in found] == [("AWS::EKS::Nodegroup", ["ReleaseVersion"])]
+        assert summary.upgrade[0] == f"{group} nodes: AMI release 1.36.2-20260714 -> {pin} (rolled below)"
+        assert summary.change_class.label == "nodes roll" and summary.two_deploys == []
+    assert steps[0][0].upgrade[1] == (
+        f"then one `make deploy` each, with no other edit: prefill nodes to AMI release {pin}; decode nodes to AMI "
+        f"release {pin}"
+    )
+    assert steps[-1][0].lines() == ["No change."]
+
+
+def test_an_ami_release_with_another_edit_of_its_node_group_is_two_deploys(tmp_path):
+    """EKS refuses "Version and ReleaseVersion updates ... combined with other updates" of a node group."""
+    from cli.deploy import facts_from_deployed
+    from config import versions
+    from consumers.template_changes import changes
+    from preview.serving import summarize
+    from tests.conftest import synth_variant
+
+    older = versions.ReleasePin("1.36.2-20260714", "https://github.com/awslabs/amazon-eks-ami/releases/tag/v20260714")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(versions.NODE_AMI_RELEASES, "1.36", older)
+        _, template = synth_variant(tmp_path, dev(), "deployed-older-ami", deployed_facts(dev()))
+    old = template.to_json()
+
+    def more_system_nodes(data: dict) -> None:
+        data["cluster"]["system_node_group"]["max_size"] += 1
+
+    target = edited(dev(), more_system_nodes)
+    stack, template = synth_variant(tmp_path, target, "both", facts_from_deployed(deployed_facts(target), old))
+    new = template.to_json()
+    summary = summarize(old, new, changes(old, new), config=stack.config)
+    (line,) = summary.two_deploys
+    assert "changes ReleaseVersion together with ScalingConfig" in line, line
+    assert line.endswith("deploy the other edits first, then the release")
 
 
 @pytest.mark.parametrize(
