@@ -19,6 +19,7 @@ import aws_cdk as cdk
 from cdk_constructs.policy import attach_policy_checks
 from config.loader import ConfigError, config_path_for, describe_validation_error, load_config
 from config.schema import DeployFacts
+from config.token_rotation import RotationRefused
 from config.upgrade import VersionStepRefused
 from kuberay import MIRRORED_VERSION, KubeRayRejection
 from planner import PlanningError
@@ -87,7 +88,7 @@ def build_app(config_path: str, *, outdir: str | None = None, deploy_facts: str 
         raise ConfigError(
             config_path, [f"KubeRay {MIRRORED_VERSION}'s controller would refuse the RayService: {exc}"]
         ) from None
-    except VersionStepRefused as refused:  # a version or release step EKS would refuse (config/upgrade.py, releases.py)
+    except (VersionStepRefused, RotationRefused) as refused:  # a step EKS or ElastiCache would refuse
         raise ConfigError(config_path, [str(refused)]) from None
     attach_policy_checks(app)
     for key, value in config.tags.items():

@@ -151,9 +151,10 @@ class GcsStore(Construct):
                 "the head until ElastiCache replaces the node; set multi_az: true for a replica with failover.",
             )
         rotation = (
-            "ElastiCache reads the token at deploy time only; rotating it needs a replication-group update "
-            "(AuthTokenUpdateStrategy ROTATE then SET) and a head restart, which a Secrets Manager rotation "
-            "Lambda cannot do; rotate by redeploying with a new secret."
+            "ElastiCache reads the token at deploy time only; rotating it needs ModifyReplicationGroup "
+            "(AuthTokenUpdateStrategy ROTATE, then SET) around a head restart, which a Secrets Manager rotation "
+            "Lambda cannot do: `make deploy` takes those steps when store.auth_token_generation is raised "
+            "(config/token_rotation.py)."
         )
         acknowledge(self.auth_token, "AwsSolutions-SMG4", rotation)
         acknowledge_checkov(

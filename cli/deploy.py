@@ -13,6 +13,8 @@
    (the guard names them) with --import-existing-resources. --preview-only records the template it
    showed (.preview-<stack>.json); --require-approval never (a pipeline, which has no terminal to
    approve broadened IAM at) deploys only that template, over the stack the preview compared it with.
+   A rotation of the GCS store's AUTH token (config/token_rotation.py) calls ElastiCache and Secrets
+   Manager itself: ROTATE before `cdk deploy`, SET after it.
 
 --template FILE previews offline against a saved template: no guard, no credentials; the node
 groups' sizes are the template's. Exits 2 on a refusal (an update CloudFormation would refuse among
@@ -43,9 +45,11 @@ from cli.preview import (
     read_template_file,
     template_from_cloudformation,
 )
+from cli.store_token import head_generation, rotate, set_alone, with_token_mounts
 from cmdline import ArgumentParser
 from config.loader import load_config_or_exit
-from config.schema import DeployFacts
+from config.schema import DeployedStoreToken, DeployFacts
+from config.token_rotation import RotationRefused, rotation_of
 from config.upgrade import NODE_GROUP_ORDER
 from manifests.contract import WORKER_GROUPS
 from preview import cdk_diff
@@ -57,6 +61,7 @@ from preview.serving import (
     live_users,
     node_group_sizes,
     placement_group_tags,
+    ray_service_of,
     releases_in,
     replaced_node_groups,
     secrets_store_installed,
@@ -164,9 +169,28 @@ def facts_from_deployed(facts: DeployFacts, old: dict) -> DeployFacts:
             "cluster_has_bootstrap_admin": creator_is_admin(old),
             "placement_group_tags": placement_group_tags(old),
             "gcs_store": deployed_gcs_store(old),
+            "store_token": deployed_store_token(facts.store_token, old),
             "secrets_store_in_use": secrets_store_mounted(old),
         }
     )
+
+
+def deployed_store_token(token: DeployedStoreToken | None, old: dict) -> DeployedStoreToken | None:
+    """The store token as the guard read it, with the generation the deployed head carries; from the
+    template alone offline (no secret, nothing rotated known)."""
+    if deployed_gcs_store(old) is None:
+        return token
+    ray_service = ray_service_of(old) or {}
+    generation = head_generation({"spec": ray_service.get("spec", {}).get("rayClusterConfig", {})})
+    return (token or DeployedStoreToken()).model_copy(update={"generation": generation})
+
+
+def token_step(config, facts: DeployFacts):
+    """This deploy's step of the store token's rotation (config/token_rotation.py), None without a store."""
+    store = config.ray_service.gcs_fault_tolerance.store
+    if store is None or not config.gcs_fault_tolerant or facts.store_token is None:
+        return None
+    return rotation_of(store.auth_token_generation, facts.store_token)
 
 
 def offline_facts(old: dict) -> DeployFacts:
@@ -234,7 +258,8 @@ def guarded_facts(
 ) -> tuple[DeployFacts, list[str]]:
     """The guard's verdict: the facts and the resources to import; raises SystemExit(2) on a refusal."""
     try:
-        verdict = deploy_guard.check(config, config_path, checkip_url=checkip_url, **clients)
+        guard_clients = {key: client for key, client in clients.items() if key in deploy_guard.SERVICES}
+        verdict = deploy_guard.check(config, config_path, checkip_url=checkip_url, **guard_clients)
     except Exception as exc:  # noqa: BLE001 - no credentials, no network: say so in one line
         print(f"cannot check the deployment with your AWS credentials: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -336,14 +361,16 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
     try:
         if args.template is not None:
             old: dict | None = read_template_file(args.template)
-            facts = with_live_usage(config, offline_facts(old), old, None)
+            facts = with_token_mounts(config, with_live_usage(config, offline_facts(old), old, None), None)
         else:
             clients = clients or deploy_guard.aws_clients(config.aws.region)
             facts, to_import = guarded_facts(config, args.config, clients, args.checkip_url)
             facts = with_worker_replicas(config, facts, kube)
             try:
                 old = template_from_cloudformation(config.stack_name, config.aws.region, clients["cloudformation"])
-                facts = with_live_usage(config, facts_from_deployed(facts, old), old, kube or KubectlRunner())
+                kube = kube or KubectlRunner()
+                facts = with_live_usage(config, facts_from_deployed(facts, old), old, kube)
+                facts = with_token_mounts(config, facts, kube)
             except NoDeployYet as first:
                 if args.preview_only:
                     raise
@@ -363,6 +390,13 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
             return code
     for line in to_import:
         print(f"imported, not created: {line}")
+    try:
+        step = token_step(config, facts)
+    except RotationRefused as refused:  # the synth refused it already; never reached
+        print(str(refused), file=sys.stderr)
+        return 2
+    if step is not None and step.says:
+        print(f"GCS store token: {step.says}")
     if args.preview_only:
         record = record_preview(args.outdir, config.stack_name, old)
         print(f"previewed template recorded in {record.name} (make deploy REQUIRE_APPROVAL=never deploys only it)")
@@ -371,7 +405,25 @@ def main(argv: list[str] | None = None, *, clients: dict[str, Any] | None = None
         print(refusal, file=sys.stderr)
         return 2
     command = deploy_command(args.outdir, cdk=args.cdk, import_existing=bool(to_import), approval=args.require_approval)
-    return subprocess.run(command, cwd=ROOT, check=False).returncode
+    token = facts.store_token
+    if step is not None and step.action == "rotate" and token is not None:
+        version = rotate(token, **store_clients(config, clients))
+        print(f"GCS store token rotated: version {version} is current, the old token still accepted")
+    code = subprocess.run(command, cwd=ROOT, check=False).returncode
+    if code == 0 and step is not None and step.action == "set" and token is not None:
+        set_alone(token, **store_clients(config, clients))
+        print("GCS store token set: the old token is refused from now")
+    return code
+
+
+def store_clients(config, clients: dict[str, Any] | None) -> dict[str, Any]:
+    """The ElastiCache and Secrets Manager clients the token's rotation calls (the given ones, in tests)."""
+    if clients and "elasticache" in clients:
+        return {"elasticache": clients["elasticache"], "secretsmanager": clients["secretsmanager"]}
+    import boto3
+
+    session = boto3.Session(region_name=config.aws.region)
+    return {"elasticache": session.client("elasticache"), "secretsmanager": session.client("secretsmanager")}
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from cmdline import ArgumentParser
 from config import catalog
 from config.loader import load_config_or_exit
 from config.releases import node_releases
-from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployFacts
+from config.schema import PLACEHOLDER_ACCOUNT, AppConfig, DeployedStoreToken, DeployFacts
+from config.token_rotation import ROTATED_STAGE
 from config.upgrade import VersionStepRefused, step_of
 from config.versions import EKS_ADDONS
 from manifests.observability import (
@@ -590,6 +591,25 @@ def addon_versions(config: AppConfig, eks: Any) -> tuple[dict[str, str], list[st
     return found, warnings
 
 
+def store_token(stack: dict[str, Any], secretsmanager: Any) -> tuple[DeployedStoreToken | None, list[str]]:
+    """(the GCS store token's secret, replication group and rotated version, warnings), when the deployed
+    stack has a store: which rotation step comes next (config/token_rotation.py)."""
+    outputs = {o["OutputKey"]: o.get("OutputValue", "") for o in stack.get("Outputs", [])}
+    secret, group = outputs.get("GcsStoreAuthTokenSecret"), outputs.get("GcsStoreReplicationGroup")
+    if not (secret and group):
+        return None, []
+    token = DeployedStoreToken(secret_arn=secret, replication_group=group)
+    try:
+        stages = secretsmanager.describe_secret(SecretId=secret).get("VersionIdsToStages", {})
+    except ClientError as exc:
+        return token, [
+            f"could not read the GCS store token's versions (secretsmanager:DescribeSecret: {error_code(exc)}): a "
+            "rotation in progress is not taken further in this deploy"
+        ]
+    rotated = [version for version, labels in stages.items() if ROTATED_STAGE in labels]
+    return token.model_copy(update={"rotated_version": rotated[0] if rotated else None}), []
+
+
 def live_node_groups(config: AppConfig, stack: dict[str, Any], eks: Any) -> LiveNodeGroups:
     """The control plane's version and add-ons, and each node group's desired size, version and AMI release now."""
     live = LiveNodeGroups()
@@ -696,9 +716,12 @@ def check(
         errors, warnings, verdict.to_import = left_behind_findings(config, source, s3=s3, logs=logs)
         verdict.errors += errors
         verdict.warnings += warnings
-    elif deployed:
+    token: DeployedStoreToken | None = None
+    if deployed:
         live = live_node_groups(config, stack, eks)
         verdict.warnings += live.warnings
+        token, warnings = store_token(stack, secretsmanager)
+        verdict.warnings += warnings
     # After the stack is read: a node group this deploy rolls surges beyond its max_size.
     errors, warnings = quota_findings(config, quotas, upgrade_surge(config, live))
     verdict.errors += errors
@@ -719,6 +742,7 @@ def check(
             "node_group_versions": live.versions,
             "node_ami_releases": live.releases,
             "addon_versions": live.addon_versions,
+            "store_token": token,
             "hf_token_kms_key_arn": key_arn,
             "api_key_kms_key_arns": api_keys,
             "adopted_log_groups": adopted,

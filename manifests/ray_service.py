@@ -10,6 +10,7 @@ from typing import Any
 
 from config import catalog
 from config.schema import AppConfig, RayServiceConfig
+from config.token_rotation import GENERATION_ANNOTATION
 from config.versions import MODEL_STREAMER_PACKAGES, MODEL_STREAMER_SHA256, MODEL_STREAMER_WHEEL_FILES
 from manifests import api_keys, gcs_store, hf_token
 from manifests.contract import (
@@ -381,11 +382,13 @@ def ray_service(
     head_service_account: str,
     worker_service_account: str,
     gcs_store_host: str | None = None,
+    gcs_token_generation: int = 1,
     serving_replicas: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The RayService of an environment; ``serve_config_v2`` is the Serve YAML of its spec, the head and
     the GPU workers run as their service accounts (the head's also runs KubeRay's Redis cleanup Job),
     ``gcs_store_host`` the GCS store's primary endpoint (required when GCS fault tolerance is on),
+    ``gcs_token_generation`` the store token generation the head starts with (config/token_rotation.py),
     and ``serving_replicas`` each phase's worker replicas in the serving cluster now, when known."""
     rs = config.ray_service
     image = rs.image_for(config.aws.region)
@@ -470,6 +473,10 @@ def ray_service(
             address=options["redisAddress"],
             ca_bundle=rs.serving_image_facts().ca_bundle,
         )
+        # A new generation changes the head's pod template: KubeRay builds a new RayCluster, whose head
+        # reads the rotated token. Left out at 1, so that the first generation changes nothing.
+        if gcs_token_generation > 1:
+            annotate(spec["rayClusterConfig"]["headGroupSpec"], GENERATION_ANNOTATION, str(gcs_token_generation))
     service = serve_service(rs)
     if service:
         spec["serveService"] = service

@@ -19,6 +19,7 @@ from cdk_constructs.observability import Observability
 from cdk_constructs.ray_service import RayServiceApp
 from config.releases import node_releases
 from config.schema import AppConfig, DeployFacts, GcsStoreConfig
+from config.token_rotation import rotation_of
 from config.upgrade import step_of
 from manifests.contract import PHASES, RAY_HEAD_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT
 from manifests.finalizers import POD_NETWORK_ADDONS
@@ -153,6 +154,12 @@ class PdServingStack(Stack):
                 cluster_security_group_id=cluster.cluster_security_group_id,
                 deployed=deployed_store,
             )
+        # The head starts with the token generation the rotation has reached (config/token_rotation.py).
+        token_generation = (
+            rotation_of(gcs_ft.store.auth_token_generation, deployer.store_token).head_generation
+            if (config.gcs_fault_tolerant and gcs_ft.store)
+            else 1
+        )
         serving = RayServiceApp(
             self,
             "Serving",
@@ -166,6 +173,7 @@ class PdServingStack(Stack):
                 head_service_account=RAY_HEAD_SERVICE_ACCOUNT,
                 worker_service_account=RAY_WORKER_SERVICE_ACCOUNT,
                 gcs_store_host=gcs_store.host if gcs_store and config.gcs_fault_tolerant else None,
+                gcs_token_generation=token_generation,
                 serving_replicas=deployer.worker_replicas,
             ),
             operator=self.kuberay,
@@ -229,6 +237,10 @@ class PdServingStack(Stack):
         CfnOutput(self, "ServedModel", value=config.serving.model.model_id)
         if mirror:
             CfnOutput(self, "ModelMirrorBucket", value=mirror.bucket.bucket_name)
+        if gcs_store is not None:
+            # What `make deploy` rotates the store's AUTH token with (config/token_rotation.py).
+            CfnOutput(self, "GcsStoreAuthTokenSecret", value=gcs_store.auth_token.secret_arn)
+            CfnOutput(self, "GcsStoreReplicationGroup", value=gcs_store.replication_group.ref)
         if gcs_store:
             CfnOutput(self, "GcsStoreEndpoint", value=gcs_store.host)
         if observability.workspace_arn:

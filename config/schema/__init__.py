@@ -37,6 +37,7 @@ from config.schema.deploy import (
     UNRESOLVED_DEPLOYER_CIDR,
     AwsTarget,
     DeployedGcsStore,
+    DeployedStoreToken,
     DeployFacts,
     NodeGroupName,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ClusterConfig",
     "DeployFacts",
     "DeployedGcsStore",
+    "DeployedStoreToken",
     "NodeGroupName",
     "EndpointAccessConfig",
     "EndpointExposure",

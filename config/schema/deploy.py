@@ -47,6 +47,41 @@ class DeployedGcsStore(StrictModel):
     )
 
 
+class DeployedStoreToken(StrictModel):
+    """Where the GCS store's AUTH token rotation stands (config/token_rotation.py)."""
+
+    secret_arn: str | None = Field(
+        default=None, description="The token's secret (the stack's output GcsStoreAuthTokenSecret); None offline."
+    )
+    replication_group: str | None = Field(
+        default=None, description="The store's replication group id (output GcsStoreReplicationGroup); None offline."
+    )
+    generation: PositiveInt = Field(
+        default=1, description="The token generation the deployed head's pod template carries (1 when none)."
+    )
+    rotated_version: str | None = Field(
+        default=None,
+        description=(
+            "The secret version labelled PDSERVING_ROTATED (secretsmanager:DescribeSecret): ElastiCache accepts it "
+            "beside the old token until a SET."
+        ),
+    )
+    mounts_synced: bool | None = Field(
+        default=None,
+        description=(
+            "Every mount of the token holds the rotated version (kubectl: SecretProviderClassPodStatus); None "
+            "when the cluster could not be asked."
+        ),
+    )
+    older_clusters: list[str] | None = Field(
+        default=None,
+        description=(
+            "RayClusters whose head carries an older token generation than the config's (kubectl); None when the "
+            "cluster could not be asked."
+        ),
+    )
+
+
 class DeployFacts(StrictModel):
     """What `make deploy` learns from AWS at deploy time and passes in; empty at offline synth."""
 
@@ -149,6 +184,13 @@ class DeployFacts(StrictModel):
             "replica exists, and removes the last replica only once failover is off: the stack steps through "
             "two nodes without failover, one deploy at a time. While the deployed RayService keeps its GCS in "
             "the store, turning fault tolerance off keeps the store for one more deploy."
+        ),
+    )
+    store_token: DeployedStoreToken | None = Field(
+        default=None,
+        description=(
+            "The GCS store's AUTH token as it stands (the guard, the deployed template and kubectl): its rotation "
+            "moves one step per deploy."
         ),
     )
     secrets_store_in_use: bool = Field(

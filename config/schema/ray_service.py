@@ -63,6 +63,17 @@ class GcsStoreConfig(StrictModel):
             "Left empty: on in production, a single node elsewhere."
         ),
     )
+    auth_token_generation: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Raise by one to rotate the store's AUTH token. `make deploy` then takes ElastiCache's steps, one "
+            "per deploy, and `make preview` says which comes next: ROTATE (a new token beside the old, both "
+            "accepted, the new one in the secret); once every mount of the secret holds it, a NewCluster "
+            "upgrade whose head starts with it; once the old RayCluster is gone, SET (the old token refused). "
+            "The serving GCS stays up throughout (config/token_rotation.py)."
+        ),
+    )
 
     @field_validator("node_type")
     @classmethod
