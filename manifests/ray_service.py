@@ -268,8 +268,7 @@ def worker_group(
                         "image": image,
                         "resources": {"requests": resources, "limits": resources},
                         "env": [
-                            {"name": "FI_PROVIDER", "value": "efa"},
-                            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+                            *kv_transport_env(config.serving.kv_transfer.backend),
                             _pod_ip_env("VLLM_HOST_IP"),
                             *_region_env(config),
                         ],
@@ -368,6 +367,21 @@ def mount_hf_token(group: dict[str, Any]) -> None:
 
 def serving_revision(serve_config_v2: str) -> str:
     return hashlib.sha256(serve_config_v2.encode()).hexdigest()[:16]
+
+
+# NIXL's transport settings, by backend, and nothing of the other's. LIBFABRIC: EFA's provider, fork-safe
+# (Ray forks its workers). UCX: TCP on the pod's own interface (the VPC CNI names it eth0), which keeps UCX
+# off EFA's "srd" transport; the fallback when the EFA path fails (docs/troubleshooting.md). The Ray-to-Ray
+# network policy and the nodes' security groups already admit TCP between the GPU pods on the ports UCX
+# picks (the kernel's ephemeral range, outside the ports the policy keeps closed).
+KV_TRANSPORT_ENV: dict[str, dict[str, str]] = {
+    "LIBFABRIC": {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"},
+    "UCX": {"UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "eth0"},
+}
+
+
+def kv_transport_env(backend: str) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in KV_TRANSPORT_ENV[backend].items()]
 
 
 def annotate(group: dict[str, Any], key: str, value: str) -> None:

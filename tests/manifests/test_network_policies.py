@@ -373,3 +373,20 @@ def test_the_docs_state_the_ranks_dev_and_prod_open():
         f"{ranks['prod']['decode']} for decode"
     )
     assert stated in text
+
+
+# Linux's default ip_local_port_range, where UCX's TCP transport binds its listeners (UCX_TCP_PORT_RANGE "0").
+EPHEMERAL_PORTS = (32768, 45000, 60999)
+
+
+def test_the_ucx_fallback_reaches_the_other_phase_on_the_ports_it_picks():
+    """backend: UCX moves KV over TCP between the GPU pods, on ephemeral ports: the Ray-to-Ray policy admits
+    them both ways, as it keeps closed only Serve's, the metrics' and the side channels' ports."""
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"].setdefault("kv_transfer", {})["backend"] = "UCX"
+    policies = network_policies(parse_config(data))
+    pods = [p for p in SOURCES.values() if isinstance(p, Pod)]
+    for source, destination in (("decode", "prefill"), ("prefill", "decode")):
+        for port in EPHEMERAL_PORTS:
+            verdict = explain(policies, SOURCES[source], DESTINATIONS[destination], port, pods=pods)
+            assert verdict.admitted, verdict.reason

@@ -644,3 +644,16 @@ def test_a_ray_auth_variable_in_the_serving_spec_is_refused():
         ConfigError, match=r"serving: env_vars.RAY_AUTH_MODE: Ray's token authentication is the cluster's"
     ):
         parse_config(data)
+
+
+@pytest.mark.parametrize(
+    ("backend", "mine", "other"),
+    [("LIBFABRIC", {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}, "UCX_"),
+     ("UCX", {"UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "eth0"}, "FI_")],
+)  # fmt: skip
+def test_each_kv_backend_gets_its_transport_settings_and_none_of_the_others(backend, mine, other):
+    _, manifest = manifest_for("dev", **{"serving.kv_transfer.backend": backend})
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert {name: env.get(name) for name in mine} == mine
+        assert not [name for name in env if name.startswith(other)], group["groupName"]
