@@ -71,7 +71,8 @@ def stateful_loss(resource_type: str) -> str | None:
 class Preview:
     stateful: list[str] = field(default_factory=list)  # loud: what is replaced or removed, and what is lost
     store: list[str] = field(default_factory=list)
-    upgrade: list[str] = field(default_factory=list)  # a Kubernetes upgrade step and the deploys after it
+    # A Kubernetes upgrade step, an add-on or AMI release moving, and the deploys after them.
+    upgrade: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     ray_service: list[str] = field(default_factory=list)
     access: list[str] = field(default_factory=list)
@@ -100,7 +101,7 @@ class Preview:
             ("Needs two deploys", self.two_deploys),
             ("Replaced or removed, with what is lost", self.stateful),
             ("GCS store", self.store),
-            ("Kubernetes upgrade", self.upgrade),
+            ("Kubernetes, add-ons and node AMIs", self.upgrade),
             ("GPU and system nodes", self.nodes),
             ("RayService", self.ray_service),
             ("Cluster admin access", self.access),
@@ -478,6 +479,15 @@ def _release_lines(old: dict, new: dict, changes: list[ResourceChange], preview:
                 + "; ".join(
                     f"{g} nodes to AMI release {release_pin(config.cluster, g, new_groups[g])}" for g in waiting
                 )
+            )
+    old_addons, _, _ = releases_in(old)
+    new_addons, _, _ = releases_in(new)
+    control_plane_moves = kubernetes_versions(old)[0] != kubernetes_versions(new)[0]
+    for name in sorted(set(old_addons) | set(new_addons)):
+        before, after = old_addons.get(name), new_addons.get(name)
+        if after is not None and before != after and not control_plane_moves:
+            preview.upgrade.append(
+                f"add-on {name}: {before or 'the version it runs'} -> {after}, updated in place by EKS"
             )
     for change in changes:
         if change.type == "AWS::EKS::Nodegroup" and change.op == "~":

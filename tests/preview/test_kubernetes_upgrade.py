@@ -201,3 +201,22 @@ def test_offline_preview_reads_the_versions_from_the_saved_template(tmp_path):
     facts = offline_facts(json.loads(json.dumps(template.to_json())))
     assert facts.kubernetes_version == "1.35"
     assert facts.node_group_versions == {"system": "1.35", "prefill": "1.35", "decode": "1.35"}
+
+
+def test_a_new_add_on_pin_previews_as_the_add_on_updated_in_place(tmp_path):
+    """A newer coredns build pinned for 1.36 over a stack deployed at the older one: the add-on is updated in
+    place, nothing else moves."""
+    from config import versions
+    from tests.conftest import synth_variant
+
+    pins = versions.EKS_ADDON_RELEASES["1.36"]
+    older = {**pins, "coredns": versions.ReleasePin("v1.13.2-eksbuild.11", pins["coredns"].source)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(versions.EKS_ADDON_RELEASES, "1.36", older)
+        _, template = synth_variant(tmp_path, dev(), "deployed-older-coredns", deployed_facts(dev()))
+    (summary, found), (last, _) = deploy_in_turn(tmp_path, dev(), dev(), deployed=template.to_json())
+    assert [(c.type, c.op, sorted(c.properties)) for c in found] == [("AWS::EKS::Addon", "~", ["AddonVersion"])]
+    assert summary.change_class.label == "in place", summary.lines()
+    assert summary.upgrade == ["add-on coredns: v1.13.2-eksbuild.11 -> v1.14.3-eksbuild.3, updated in place by EKS"]
+    assert summary.nodes == [] and summary.two_deploys == []
+    assert last.lines() == ["No change."]
