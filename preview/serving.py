@@ -484,10 +484,10 @@ def _release_lines(old: dict, new: dict, changes: list[ResourceChange], preview:
     new_addons, _, _ = releases_in(new)
     control_plane_moves = kubernetes_versions(old)[0] != kubernetes_versions(new)[0]
     for name in sorted(set(old_addons) | set(new_addons)):
-        before, after = old_addons.get(name), new_addons.get(name)
-        if after is not None and before != after and not control_plane_moves:
+        runs, moves_to = old_addons.get(name), new_addons.get(name)
+        if moves_to is not None and runs != moves_to and not control_plane_moves:
             preview.upgrade.append(
-                f"add-on {name}: {before or 'the version it runs'} -> {after}, updated in place by EKS"
+                f"add-on {name}: {runs or 'the version it runs'} -> {moves_to}, updated in place by EKS"
             )
     for change in changes:
         if change.type == "AWS::EKS::Nodegroup" and change.op == "~":
