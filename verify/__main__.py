@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             replica_estimates=replica_estimates(config),
             gated=bool(config.serving.model.hf_token_secret),
             deletion_delay_seconds=config.deletion_delay_seconds,
+            kv_backend=config.serving.kv_transfer.backend,
         )
     except KubeError as exc:
         print(f"FAIL cluster: {exc}", file=sys.stderr)

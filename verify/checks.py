@@ -44,6 +44,7 @@ from manifests.contract import (
     worker_group_name,
 )
 from manifests.hf_token import CSI_DRIVER
+from verify import efa
 from verify.kube import Kube, KubeError
 
 # Evidence that NIXL's LIBFABRIC backend runs on the efa provider, and of a fallback. Best effort:
@@ -716,13 +717,15 @@ def run_all(
     replica_estimates: Mapping[str, float],
     gated: bool = False,
     deletion_delay_seconds: int = 120,
+    kv_backend: str = "LIBFABRIC",
 ) -> list[CheckResult]:
     """Every check; ``endpoint`` gets the running worker pods ({pod: phase}) and runs the last three.
 
     ``gpu_groups`` is the configured (min, max) of each phase's node group; ``replica_estimates`` the
     planner's time to a new replica of each phase, which is also as long as a worker pod may wait for
     a node; ``gated`` adds the token check; an old RayCluster may outlive the switch by
-    ``deletion_delay_seconds``."""
+    ``deletion_delay_seconds``. With ``kv_backend`` LIBFABRIC each worker container's EFA device is probed
+    before the endpoint's request, and its counters read again after it (verify/efa.py)."""
     rayservice = kube.get_json(["get", "rayservice", name, "-n", namespace])
     ready = rayservice_ready(rayservice, app_name)
     cluster = ready.data.get("cluster")
@@ -770,6 +773,26 @@ def run_all(
     except KubeError:
         serve_starts = ""
     timing = time_to_last_replica(pods, serve_starts, replica_estimates, cluster)
+    efa_checks: list[CheckResult] = []
+    served = endpoint_after = None
+    if kv_backend == "LIBFABRIC":
+        probes = {pod: _exec(kube, pod, namespace, efa.NODE_SCRIPT) for pod in sorted(running)}
+        served = endpoint(running)
+        endpoint_after = {pod: _exec(kube, pod, namespace, efa.COUNTERS_SCRIPT) for pod in sorted(running)}
+        nodes_finding = efa.efa_in_workers(probes)
+        kv = next((r for r in served if r.name == KV), None)
+        received = (
+            counter_delta(
+                kv.data["before"], kv.data["after"], "Decode", PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer"
+            )
+            if kv is not None and "before" in kv.data
+            else 0.0
+        )
+        path = efa.kv_path(probes, endpoint_after, running, received)
+        efa_checks = [
+            CheckResult(efa.EFA_NODES, nodes_finding.passed, nodes_finding.evidence),
+            CheckResult(efa.KV_PATH, path.passed, path.evidence),
+        ]
     return [
         ready,
         rollout,
@@ -780,9 +803,18 @@ def run_all(
         timing,
         replicas_on_their_node_groups(pods, nodes, cluster),
         efa_allocated(pods, cluster),
-        nixl_uses_efa(logs),
-        *endpoint(running),
+        # UCX moves KV over TCP: nothing of EFA's to check.
+        *([nixl_uses_efa(logs)] if kv_backend == "LIBFABRIC" else []),
+        *(served if served is not None else endpoint(running)),
+        *efa_checks,
     ]
+
+
+def _exec(kube: Kube, pod: str, namespace: str, script: str) -> str:
+    try:
+        return kube.text(["exec", pod, "-n", namespace, "-c", WORKER_CONTAINER, "--", "sh", "-c", script])
+    except KubeError as exc:
+        return f"(not probed: {exc})"
 
 
 def render(results: list[CheckResult], out: TextIO) -> int:

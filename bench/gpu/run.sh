@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:?usage: bench/gpu/run.sh OUT_DIR}"
 mkdir -p "$out"
+# The KV path's node checks first (verify/efa.py), as make verify runs them in the worker containers:
+# the EFA device, the locked-memory limit, libfabric's efa provider and whether the device reads and
+# writes itself. A machine without EFA records "no EFA device", which is evidence too.
+sh -c "$(python3 -m verify.efa --script)" > "$out/efa-node.txt" 2>&1 || true
+python3 -m verify.efa --judge "$out/efa-node.txt" | tee "$out/efa-node-verdict.txt" || true
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -36,6 +36,7 @@ COMMANDS = {
     "bench.next_turn": ["--url", "http://127.0.0.1:9/v1"],
     "bench.agent_tools": ["--url", "http://127.0.0.1:9/v1"],
     "bench.gpu.check": ["--out", "OUT/gpu-check"],
+    "verify.efa": ["--script"],
     "mirror.job": ["--repo", "Qwen/Qwen2.5-7B-Instruct", "--bucket", "b", "--prefix", "p"],
     "cli.dashboards": [],
     "local.server": [],

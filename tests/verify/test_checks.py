@@ -268,8 +268,10 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS KV transferred, no recompute",
         "PASS prefix cache hit rate per phase",
         "PASS requests decode served without prefill",
+        "PASS EFA inside the GPU workers",
+        "PASS KV path",
     ]
-    assert lines[-1] == "13/13 checks passed"
+    assert lines[-1] == "15/15 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -277,7 +279,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     shutil.copytree(HEALTHY, broken)
     pods_file = broken / "get_pods_-n_llm_-l_ray.io_is-ray-node=yes.json"
     shutil.copy(FIXTURES / "pods_decode_on_prefill_node.json", pods_file)
-    decode_log = next(broken.glob(f"exec_{DECODE_POD}_*.txt"))
+    decode_log = next(broken.glob(f"exec_{DECODE_POD}_*nixl*.txt"))
     shutil.copy(FIXTURES / "logs_tcp_fallback.txt", decode_log)
     (broken / "endpoint.json").unlink()
     done = verify_cli("--recorded", str(broken))
@@ -288,7 +290,8 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert "FAIL NIXL uses EFA:" in out and "(TCP fallback)" in out
     assert "FAIL chat completion: no chat completion was recorded" in out
     assert "FAIL prefix cache hit rate per phase: no ray_vllm_prefix_cache_queries_total was read" in out
-    assert out.splitlines()[-1] == "8/13 checks passed"
+    assert "FAIL KV path: did not cross: EFA moved" in out
+    assert out.splitlines()[-1] == "9/15 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -575,7 +578,7 @@ def test_cli_flags_a_recording_whose_decode_re_pulls_whole_prompts(tmp_path):
     assert done.returncode == 1
     assert "PASS KV transferred, no recompute" in done.stdout
     assert "FAIL prefix cache hit rate per phase: decode re-pulls whole prompts over NIXL" in done.stdout
-    assert done.stdout.splitlines()[-1] == "12/13 checks passed"
+    assert done.stdout.splitlines()[-1] == "14/15 checks passed"
 
 
 def test_requests_decode_served_without_prefill_are_reported_by_reason_and_never_fail():

@@ -1,0 +1,122 @@
+"""`make verify` decides the KV path from what the GPU worker containers print (verify/efa.py): recorded
+outputs of the node probe and of the EFA device's hw_counters after one P/D request, healthy and broken
+the ways the path breaks."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.verify.test_checks import DECODE_POD, HEALTHY, PREFILL_POD, verify_cli
+from verify import efa
+from verify.kube import slug
+
+RECORDED = ROOT / "tests" / "fixtures" / "verify" / "efa"
+PODS = {PREFILL_POD: "prefill", DECODE_POD: "decode"}
+# The prompt of the healthy recording's request, as decode's external_kv_transfer counted it.
+RECEIVED = 46.0
+
+
+def outputs(variant: str, kind: str) -> dict[str, str]:
+    return {pod: (RECORDED / variant / f"{phase}.{kind}.txt").read_text() for pod, phase in PODS.items()}
+
+
+def decide(variant: str, received: float = RECEIVED) -> tuple[efa.Finding, efa.Finding]:
+    nodes = outputs(variant, "node")
+    return efa.efa_in_workers(nodes), efa.kv_path(nodes, outputs(variant, "after"), PODS, received)
+
+
+def test_healthy_kv_crosses_by_device_rdma_read():
+    nodes, path = decide("healthy")
+    assert nodes.passed and "device RDMA read and write (efa-direct offers FI_RMA)" in nodes.evidence
+    assert f"{DECODE_POD}: uverbs0, memlock unlimited, efa provider" in nodes.evidence
+    assert path.passed
+    assert path.evidence.startswith(
+        "KV crossed by device RDMA read: 2752512 bytes (decode rdma_read_bytes; prefill served 2752512)"
+    )
+
+
+def test_a_peer_that_never_answers_over_srd_names_the_security_group_and_the_fallback():
+    nodes, path = decide("unreachable-peer")
+    assert nodes.passed
+    assert not path.passed
+    assert path.evidence.startswith(
+        f"did not cross by EFA: unresponsive_remote_events {DECODE_POD} +3: the peer does not answer over SRD (the "
+        "EFA security group must admit itself inbound and outbound"
+    )
+    assert path.evidence.endswith(efa.UCX_FALLBACK)
+
+
+def test_no_uverbs_in_the_container_names_the_device_plugin():
+    nodes, _ = decide("no-uverbs", received=0)
+    assert not nodes.passed
+    assert f"{PREFILL_POD}: no /dev/infiniband/uverbs* in the container: the EFA device plugin" in nodes.evidence
+    assert f"{DECODE_POD}: fi_info lists no efa provider" in nodes.evidence
+    assert nodes.evidence.endswith(efa.UCX_FALLBACK)
+
+
+def test_a_limited_locked_memory_names_the_limit_and_its_fix():
+    nodes, path = decide("memlock-limited")
+    assert not nodes.passed
+    assert f"{DECODE_POD}: locked memory limited to 8192 KiB" in nodes.evidence
+    assert "LimitMEMLOCK=infinity" in nodes.evidence
+    assert path.passed  # the counters alone say the read crossed
+
+
+def test_without_device_rma_the_read_is_emulated_over_srd_sends():
+    nodes, path = decide("emulated-read")
+    assert nodes.passed and "libfabric emulates reads over SRD sends" in nodes.evidence
+    assert path.passed
+    assert path.evidence.startswith("KV crossed by emulated read: no device RDMA read counted, ")
+
+
+def test_counters_that_cannot_be_read_leave_the_path_unknown():
+    nodes = outputs("healthy", "node")
+    path = efa.kv_path(nodes, {pod: "(not probed: kubectl exec failed)" for pod in PODS}, PODS, RECEIVED)
+    assert not path.passed and "hw_counters could not be read" in path.evidence
+
+
+def test_the_healthy_recording_holds_the_healthy_probe():
+    """`make verify --recorded healthy` reads these outputs under the names kubectl exec gets."""
+    for pod, phase in PODS.items():
+        base = ["exec", pod, "-n", "llm", "-c", "ray-worker", "--", "sh", "-c"]
+        for kind, script in (("node", efa.NODE_SCRIPT), ("after", efa.COUNTERS_SCRIPT)):
+            recorded = (HEALTHY / f"{slug([*base, script])}.txt").read_text()
+            assert recorded == (RECORDED / "healthy" / f"{phase}.{kind}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("variant", "line"),
+    [
+        ("unreachable-peer", "FAIL KV path: did not cross by EFA: unresponsive_remote_events"),
+        ("no-uverbs", "FAIL EFA inside the GPU workers: "),
+    ],
+)
+def test_make_verify_reports_the_broken_path(tmp_path, variant, line):
+    broken = tmp_path / variant
+    shutil.copytree(HEALTHY, broken)
+    for pod, phase in PODS.items():
+        base = ["exec", pod, "-n", "llm", "-c", "ray-worker", "--", "sh", "-c"]
+        for kind, script in (("node", efa.NODE_SCRIPT), ("after", efa.COUNTERS_SCRIPT)):
+            shutil.copy(RECORDED / variant / f"{phase}.{kind}.txt", broken / f"{slug([*base, script])}.txt")
+    done = verify_cli("--recorded", str(broken))
+    assert done.returncode == 1
+    assert line in done.stdout, done.stdout
+
+
+def test_with_the_ucx_backend_no_efa_check_runs(tmp_path):
+    import yaml
+
+    from tests.conftest import CONFIG_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+    data["serving"].setdefault("kv_transfer", {})["backend"] = "UCX"
+    config = tmp_path / "dev.yaml"
+    config.write_text(yaml.safe_dump(data))
+    done = verify_cli("--config", str(config), "--recorded", str(HEALTHY))
+    names = [line.split(":")[0] for line in done.stdout.splitlines()[:-1]]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS EFA allocated to workers" in names
+    assert not [n for n in names if n.endswith(("NIXL uses EFA", "EFA inside the GPU workers", "KV path"))]
