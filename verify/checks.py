@@ -777,6 +777,7 @@ def run_all(
     served = endpoint_after = None
     if kv_backend == "LIBFABRIC":
         probes = {pod: _exec(kube, pod, namespace, efa.NODE_SCRIPT) for pod in sorted(running)}
+        reach = _srd_reachable(kube, namespace, running, pods)
         served = endpoint(running)
         endpoint_after = {pod: _exec(kube, pod, namespace, efa.COUNTERS_SCRIPT) for pod in sorted(running)}
         nodes_finding = efa.efa_in_workers(probes)
@@ -791,6 +792,7 @@ def run_all(
         path = efa.kv_path(probes, endpoint_after, running, received)
         efa_checks = [
             CheckResult(efa.EFA_NODES, nodes_finding.passed, nodes_finding.evidence),
+            CheckResult(efa.SRD, reach.passed, reach.evidence),
             CheckResult(efa.KV_PATH, path.passed, path.evidence),
         ]
     return [
@@ -808,6 +810,23 @@ def run_all(
         *(served if served is not None else endpoint(running)),
         *efa_checks,
     ]
+
+
+def _srd_reachable(kube: Kube, namespace: str, running: Mapping[str, str], pods: dict) -> efa.Finding:
+    """fi_pingpong from the first running decode worker to the first running prefill worker."""
+    by_phase = {phase: sorted(p for p, ph in running.items() if ph == phase) for phase in ("prefill", "decode")}
+    if not (by_phase["prefill"] and by_phase["decode"]):
+        return efa.Finding(False, "no running prefill and decode worker to ping between")
+    server, client = by_phase["prefill"][0], by_phase["decode"][0]
+    address = next(
+        ((p.get("status") or {}).get("podIP") for p in pods.get("items") or [] if p["metadata"]["name"] == server), None
+    )
+    if not address:
+        return efa.Finding(False, f"{server} has no pod IP yet")
+    started = _exec(kube, server, namespace, efa.PINGPONG_SERVER)
+    if "started" not in started:
+        return efa.Finding(False, f"the fi_pingpong server did not start in {server}: {started.strip()[:160]}")
+    return efa.srd_reachable(client, server, _exec(kube, client, namespace, efa.pingpong_client(address)))
 
 
 def _exec(kube: Kube, pod: str, namespace: str, script: str) -> str:

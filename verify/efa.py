@@ -43,8 +43,22 @@ NODE_SCRIPT = (
     f"echo '== efa-direct rma'; {EFA_BIN}/fi_info -p efa -f efa-direct -t FI_EP_RDM -c FI_RMA 2>&1 | head -n 20; "
     f"{COUNTERS_SCRIPT}"
 )
+# fabtests' fi_pingpong between a prefill and a decode worker: SRD reachability, which is what fails when the
+# EFA security group does not admit itself both ways. The server runs in the background in the prefill
+# container for at most a minute; the client exchanges addresses with it over TCP on fabtests' default
+# out-of-band port (the Ray-to-Ray network policy admits it), then pings over SRD.
+PINGPONG_PORT = 47592
+PINGPONG = f"{EFA_BIN}/fi_pingpong -p efa -e rdm -I 10 -S 4096"
+PINGPONG_SERVER = f"(timeout 60 {PINGPONG} > /tmp/pd-efa-pingpong.log 2>&1 &); echo started"
+
+
+def pingpong_client(address: str) -> str:
+    return f"timeout 30 {PINGPONG} {address} 2>&1; echo exit=$?"
+
+
 UCX_FALLBACK = "serving.kv_transfer.backend: UCX moves KV over TCP meanwhile (slower, docs/troubleshooting.md)"
 EFA_NODES = "EFA inside the GPU workers"
+SRD = "SRD between prefill and decode"
 KV_PATH = "KV path"
 _COUNTER_LINE = re.compile(r"^/sys/class/infiniband/([^/]+)/ports/1/hw_counters/(\w+):(\d+)$")
 
@@ -130,6 +144,24 @@ def efa_in_workers(probes: Mapping[str, str]) -> Finding:
     if problems:
         problems.append(UCX_FALLBACK)
     return Finding(not problems, "; ".join(problems or facts))
+
+
+def srd_reachable(client: str, server: str, output: str) -> Finding:
+    """What :func:`pingpong_client` printed in ``client`` against ``server``."""
+    status = re.search(r"^exit=(\d+)$", output, re.MULTILINE)
+    rows = [line.strip() for line in output.splitlines() if re.match(r"^\s*\d+[kmg]?\s+\d+", line)]
+    if status and status.group(1) == "0" and rows:
+        return Finding(True, f"{client} reached {server} over SRD: {' '.join(rows[-1].split())}")
+    if status and status.group(1) == "124":
+        cause = "no answer over SRD within 30 s"
+    else:
+        lines = [line.strip() for line in output.splitlines() if line.strip() and not line.startswith("exit=")]
+        cause = lines[-1][:160] if lines else "no output"
+    return Finding(
+        False,
+        f"{client} could not reach {server} over SRD ({cause}): the EFA security group must admit itself inbound "
+        f"and outbound, both nodes in the GPU subnet; {UCX_FALLBACK}",
+    )
 
 
 def _delta(before: NodeProbe, after: NodeProbe, name: str) -> int:

@@ -269,9 +269,10 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS prefix cache hit rate per phase",
         "PASS requests decode served without prefill",
         "PASS EFA inside the GPU workers",
+        "PASS SRD between prefill and decode",
         "PASS KV path",
     ]
-    assert lines[-1] == "15/15 checks passed"
+    assert lines[-1] == "16/16 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -291,7 +292,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert "FAIL chat completion: no chat completion was recorded" in out
     assert "FAIL prefix cache hit rate per phase: no ray_vllm_prefix_cache_queries_total was read" in out
     assert "FAIL KV path: did not cross: EFA moved" in out
-    assert out.splitlines()[-1] == "9/15 checks passed"
+    assert out.splitlines()[-1] == "10/16 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -578,7 +579,7 @@ def test_cli_flags_a_recording_whose_decode_re_pulls_whole_prompts(tmp_path):
     assert done.returncode == 1
     assert "PASS KV transferred, no recompute" in done.stdout
     assert "FAIL prefix cache hit rate per phase: decode re-pulls whole prompts over NIXL" in done.stdout
-    assert done.stdout.splitlines()[-1] == "14/15 checks passed"
+    assert done.stdout.splitlines()[-1] == "15/16 checks passed"
 
 
 def test_requests_decode_served_without_prefill_are_reported_by_reason_and_never_fail():

@@ -15,6 +15,8 @@ from verify.kube import slug
 
 RECORDED = ROOT / "tests" / "fixtures" / "verify" / "efa"
 PODS = {PREFILL_POD: "prefill", DECODE_POD: "decode"}
+# The prefill worker's address in the healthy recording's pod list.
+POD_IP = "10.40.12.5"
 # The prompt of the healthy recording's request, as decode's external_kv_transfer counted it.
 RECEIVED = 46.0
 
@@ -72,6 +74,36 @@ def test_without_device_rma_the_read_is_emulated_over_srd_sends():
     assert path.evidence.startswith("KV crossed by emulated read: no device RDMA read counted, ")
 
 
+def test_a_pingpong_that_answers_shows_srd_reachability():
+    found = efa.srd_reachable(DECODE_POD, PREFILL_POD, (RECORDED / "healthy" / "pingpong.txt").read_text())
+    assert found.passed
+    assert found.evidence == f"{DECODE_POD} reached {PREFILL_POD} over SRD: 4k 10 80k 0.00s 85.33 48.00 0.02"
+
+
+def test_a_pingpong_that_times_out_names_the_security_group():
+    found = efa.srd_reachable(DECODE_POD, PREFILL_POD, (RECORDED / "unreachable-peer" / "pingpong.txt").read_text())
+    assert not found.passed
+    assert found.evidence.startswith(
+        f"{DECODE_POD} could not reach {PREFILL_POD} over SRD (no answer over SRD within 30 s): the EFA security "
+        "group must admit itself inbound and outbound"
+    )
+
+
+def test_the_network_policies_admit_the_pingpongs_address_exchange():
+    """fi_pingpong's client exchanges addresses with its server over TCP on fabtests' default port."""
+    import yaml
+
+    from config.loader import parse_config
+    from manifests.network_policies import network_policies
+    from tests.conftest import CONFIG_DIR
+    from tests.manifests.test_network_policies import DESTINATIONS, SOURCES, Pod, explain
+
+    policies = network_policies(parse_config(yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())))
+    pods = [p for p in SOURCES.values() if isinstance(p, Pod)]
+    verdict = explain(policies, SOURCES["decode"], DESTINATIONS["prefill"], efa.PINGPONG_PORT, pods=pods)
+    assert verdict.admitted, verdict.reason
+
+
 def test_counters_that_cannot_be_read_leave_the_path_unknown():
     nodes = outputs("healthy", "node")
     path = efa.kv_path(nodes, {pod: "(not probed: kubectl exec failed)" for pod in PODS}, PODS, RECEIVED)
@@ -91,6 +123,7 @@ def test_the_healthy_recording_holds_the_healthy_probe():
     ("variant", "line"),
     [
         ("unreachable-peer", "FAIL KV path: did not cross by EFA: unresponsive_remote_events"),
+        ("unreachable-peer", "FAIL SRD between prefill and decode: "),
         ("no-uverbs", "FAIL EFA inside the GPU workers: "),
     ],
 )
@@ -101,6 +134,10 @@ def test_make_verify_reports_the_broken_path(tmp_path, variant, line):
         base = ["exec", pod, "-n", "llm", "-c", "ray-worker", "--", "sh", "-c"]
         for kind, script in (("node", efa.NODE_SCRIPT), ("after", efa.COUNTERS_SCRIPT)):
             shutil.copy(RECORDED / variant / f"{phase}.{kind}.txt", broken / f"{slug([*base, script])}.txt")
+    pingpong = RECORDED / variant / "pingpong.txt"
+    if pingpong.is_file():
+        client = ["exec", DECODE_POD, "-n", "llm", "-c", "ray-worker", "--", "sh", "-c"]
+        shutil.copy(pingpong, broken / f"{slug([*client, efa.pingpong_client(POD_IP)])}.txt")
     done = verify_cli("--recorded", str(broken))
     assert done.returncode == 1
     assert line in done.stdout, done.stdout
@@ -119,4 +156,6 @@ def test_with_the_ucx_backend_no_efa_check_runs(tmp_path):
     names = [line.split(":")[0] for line in done.stdout.splitlines()[:-1]]
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS EFA allocated to workers" in names
-    assert not [n for n in names if n.endswith(("NIXL uses EFA", "EFA inside the GPU workers", "KV path"))]
+    assert not [
+        n for n in names if n.endswith(("NIXL uses EFA", "EFA inside the GPU workers", "SRD between", "KV path"))
+    ]
