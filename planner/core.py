@@ -55,7 +55,15 @@ class PlanInputs:
     # The GCS fault-tolerance store (ElastiCache): its node type and node count (0: no store).
     gcs_store_node_type: str = "cache.t4g.small"
     gcs_store_nodes: int = 0
+    # serving.kv_transfer.backend: LIBFABRIC over EFA, or UCX over TCP (the fallback).
+    kv_backend: str = "LIBFABRIC"
     settings: PlannerSettings = field(default_factory=PlannerSettings)
+
+
+# UCX's TCP transport moves a transfer over one connection, and EC2 limits one flow (5-tuple) to 10 Gbit/s
+# between instances in the same cluster placement group, where the GPU groups run
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth.html).
+SINGLE_FLOW_GBPS = 10.0
 
 
 @dataclass(frozen=True)
@@ -318,7 +326,10 @@ def plan(inputs: PlanInputs) -> PlanReport:
 
     pre = INSTANCES[inputs.prefill.instance_type]
     dec = INSTANCES[inputs.decode.instance_type]
-    bandwidth = min(pre.network_gbps, dec.network_gbps) * 1e9 / 8 * settings.network_efficiency
+    link_gbps = min(pre.network_gbps, dec.network_gbps)
+    if inputs.kv_backend == "UCX":
+        link_gbps = min(link_gbps, SINGLE_FLOW_GBPS)
+    bandwidth = link_gbps * 1e9 / 8 * settings.network_efficiency
     kv_token = model.kv_bytes_per_token(inputs.dtype_bytes)
 
     def row(tokens: int) -> TransferRow:
@@ -339,6 +350,14 @@ def plan(inputs: PlanInputs) -> PlanReport:
             f"{field_name('instance_type', 'prefill')} and {field_name('instance_type', 'decode')}"
         )
         (errors if settings.fail_on_transfer_share else warnings).append(message)
+    if inputs.kv_backend == "UCX":
+        efa_gbps = min(pre.network_gbps, dec.network_gbps)
+        warnings.append(
+            f"{field_name('kv_transfer.backend')} is UCX: KV moves over one TCP flow, at most {link_gbps:g} of the "
+            f"instances' {efa_gbps:g} Gbit/s (EC2's single-flow limit in a cluster placement group), so each transfer "
+            f"below takes {efa_gbps / link_gbps:.1f}x what LIBFABRIC over EFA would; set it back once `make verify` "
+            "shows the EFA path healthy"
+        )
     for facts in dict.fromkeys((pre, dec)):
         used_by = " and ".join(ph for ph in PHASES if getattr(inputs, ph).instance_type == facts.instance_type)
         if not facts.supports_efa:

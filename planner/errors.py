@@ -15,6 +15,7 @@ FIELDS: dict[str, str] = {
     "dtype": "serving.dtype",
     "max_model_len": "serving.max_model_len",
     "gpu_memory_utilization": "serving.gpu_memory_utilization",
+    "kv_transfer.backend": "serving.kv_transfer.backend",
     "tensor_parallel_size": "serving.{phase}.tensor_parallel_size",
     "instance_type": "cluster.gpu_node_groups.{phase}.instance_type",
     "system_instance_type": "cluster.system_node_group.instance_type",

@@ -48,6 +48,7 @@ def plan_inputs(config: AppConfig) -> PlanInputs:
         nat_gateways=config.network.nat_gateways,
         interface_endpoints=len(config.network.interface_endpoints) * len(config.network.availability_zones),
         **_gcs_store(config),
+        kv_backend=serving.kv_transfer.backend,
         settings=config.planner,
     )
 

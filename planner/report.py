@@ -53,7 +53,8 @@ def render_text(report: PlanReport) -> str:
             ["fits", *("yes" if p.fits else "NO" for p in phases)],
         ],
     )
-    out += ["", f"KV transfer at {report.bandwidth_bytes_per_second * 8 / 1e9:.1f} Gbit/s effective"]
+    link = "UCX over one TCP flow" if report.inputs.kv_backend == "UCX" else "NIXL over EFA"
+    out += ["", f"KV transfer at {report.bandwidth_bytes_per_second * 8 / 1e9:.1f} Gbit/s effective ({link})"]
     out += _table(
         ["prompt tokens", "prefill", "KV to move", "transfer", "share"],
         [

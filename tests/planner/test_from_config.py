@@ -201,3 +201,23 @@ def test_make_plan_prints_the_local_prefill_cap_and_what_to_set(capsys):
     assert 0 < tight < cap["tokens"]
     main([str(CONFIG_DIR / "dev.yaml"), "--itl-slo-ms", "80"])
     assert f"serving.pd_max_local_prefill_tokens is 512, above it: lower it to {tight} " in capsys.readouterr().out
+
+
+def test_the_ucx_fallback_costs_its_transfers_at_one_tcp_flow():
+    """g6.8xlarge has 25 Gbit/s; UCX moves KV over one TCP flow, which EC2 caps at 10 Gbit/s in a cluster
+    placement group: every transfer takes 2.5x what it takes over EFA, and the plan says so."""
+    from planner.from_config import plan_config
+    from planner.report import render_text
+
+    _, efa = _config_with()
+    _, ucx = _config_with(kv_transfer={"backend": "UCX"})
+    over_efa, over_tcp = plan_config(efa), plan_config(ucx)
+    assert over_efa.bandwidth_bytes_per_second / over_tcp.bandwidth_bytes_per_second == pytest.approx(2.5)
+    for fast, slow in zip(over_efa.transfer_rows, over_tcp.transfer_rows, strict=True):
+        assert slow.transfer_seconds == pytest.approx(2.5 * fast.transfer_seconds)
+    (warning,) = [w for w in over_tcp.warnings if "kv_transfer.backend" in w]
+    assert warning.startswith(
+        "serving.kv_transfer.backend is UCX: KV moves over one TCP flow, at most 10 of the instances' 25 Gbit/s"
+    )
+    assert "takes 2.5x what LIBFABRIC over EFA would" in warning
+    assert "KV transfer at 7.0 Gbit/s effective (UCX over one TCP flow)" in render_text(over_tcp)
