@@ -41,6 +41,10 @@ MANAGED_ENGINE_KWARGS = {
 }
 
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# The module vLLM loads its NixlConnector from in both phases (kv_connector_module_path): vLLM's own,
+# with decode's wait for a KV read bounded (serve_app/kv_wait.py), and the key that carries the bound.
+KV_WAIT_MODULE = "serve_app.kv_wait"
+STALL_TIMEOUT_KEY = "stall_timeout_s"
 ENGINE_CALLBACK = "serve_app.callbacks:EngineCallbacks"
 # The key of decode's experimental_configs that carries pd_min_prompt_tokens to serve_app/selective.py
 # (Ray carries it and reads it not).
@@ -315,8 +319,21 @@ class KvTransferSpec(SpecModel):
     load_failure_policy: Literal["recompute", "fail"] = Field(
         default="recompute",
         description=(
-            "What decode does when a KV transfer fails or times out: recompute the prompt "
+            "What decode does when a KV transfer fails or stalls (stall_timeout_s): recompute the prompt "
             "locally (slower, but the request completes) or fail the request with an error."
+        ),
+    )
+    stall_timeout_s: float = Field(
+        default=30,
+        ge=1,
+        le=300,
+        description=(
+            "How long decode waits for a KV read that makes no progress before it fails the read and "
+            "load_failure_policy applies (counted as pd_kv_transfer_stalls, logged with the prefill peer). "
+            "NIXL reports a read only as in progress or done, so this bounds each read's whole time: keep it "
+            "well above the longest legitimate transfer (a max_model_len prompt's KV at the backend's rate; "
+            "`make plan` prints it). It cannot interrupt a read NIXL never manages to post "
+            '(docs/troubleshooting.md, "The KV path").'
         ),
     )
     side_channel_host: str | None = Field(
@@ -725,6 +742,16 @@ class ServingSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _stall_bound_within_the_request_timeout(self) -> ServingSpec:
+        if self.mode == "disaggregated" and self.kv_transfer.stall_timeout_s >= self.request_timeout_s:
+            raise ValueError(
+                f"kv_transfer.stall_timeout_s ({self.kv_transfer.stall_timeout_s:g}) is not below request_timeout_s "
+                f"({self.request_timeout_s:g}): a stalled KV read would end the request before "
+                "load_failure_policy could serve it; lower kv_transfer.stall_timeout_s"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _drain_within_the_request_timeout(self) -> ServingSpec:
         if self.drain_timeout_s is not None and self.drain_timeout_s > self.request_timeout_s:
             raise ValueError(
@@ -756,11 +783,13 @@ class ServingSpec(SpecModel):
         kv = self.kv_transfer
         return {
             "kv_connector": kv.connector,
+            "kv_connector_module_path": KV_WAIT_MODULE,
             "kv_role": KV_ROLE[phase],
             "kv_buffer_device": kv.buffer_device,
             "kv_load_failure_policy": kv.load_failure_policy,
             "kv_connector_extra_config": {
                 "backends": [kv.backend],
+                STALL_TIMEOUT_KEY: kv.stall_timeout_s,
                 **({"num_threads": kv.nixl_threads} if kv.nixl_threads is not None else {}),
             },
         }

@@ -32,6 +32,7 @@ class Internal:
 _PD = "ray.llm._internal.serve.serving_patterns.prefill_decode"
 _RAY_LLM_SERVER = "ray.llm._internal.serve.core.server.llm_server"
 _VLLM_ENGINE = "ray.llm._internal.serve.engines.vllm.vllm_engine"
+_NIXL_V1 = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
 INTERNALS: tuple[Internal, ...] = (
     # serve_app/pd_decode.py: decode's classes, swapped into Ray's P/D builder.
@@ -286,6 +287,81 @@ INTERNALS: tuple[Internal, ...] = (
         "tests/serve_app/test_pd_decode.py",
         "ray.llm._internal.serve.utils.broadcast",
         "BROADCAST_REPLICA_POPULATION_TIMEOUT_S",
+    ),
+    # serve_app/kv_wait.py: vLLM's NIXL pull connector and worker, decode's wait for a read bounded.
+    Internal(
+        "serve_app/kv_wait.py: loaded by kv_connector_module_path before vLLM's registry",
+        "vllm.distributed.kv_transfer.kv_connector.factory",
+        "KVConnectorFactory.get_connector_class",
+        ("kv_transfer_config",),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: NixlPullConnector.__init__'s body, with the bounded worker",
+        f"{_NIXL_V1}.connector",
+        "NixlBaseConnector.__init__",
+        ("vllm_config", "role", "kv_cache_config"),
+    ),
+    Internal("serve_app/kv_wait.py: the scheduler side, unchanged", f"{_NIXL_V1}.connector", "NixlPullConnector"),
+    Internal(
+        "serve_app/kv_wait.py: the scheduler side, unchanged",
+        f"{_NIXL_V1}.pull_scheduler",
+        "NixlPullConnectorScheduler.__init__",
+        ("vllm_config", "engine_id", "kv_cache_config"),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: subclassed",
+        f"{_NIXL_V1}.pull_worker",
+        "NixlPullConnectorWorker.__init__",
+        ("vllm_config", "engine_id", "kv_cache_config"),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: where the reads are polled, overridden",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker._pop_done_transfers",
+        ("transfers",),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: how vLLM fails a read (blocks invalid, request done receiving)",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker._handle_failed_transfer",
+        ("req_id", "handle"),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: the peer a request pulls from",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker",
+        assigns="_recving_metadata",
+    ),
+    Internal(
+        "serve_app/kv_wait.py: the reads polled",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker",
+        assigns="_recving_transfers",
+    ),
+    Internal(
+        "serve_app/kv_wait.py: replaced by its own stats",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker",
+        assigns="xfer_stats",
+    ),
+    Internal(
+        "serve_app/kv_wait.py: releases a stalled read",
+        f"{_NIXL_V1}.base_worker",
+        "NixlBaseConnectorWorker",
+        assigns="nixl_wrapper",
+    ),
+    Internal("serve_app/kv_wait.py: subclassed", f"{_NIXL_V1}.stats", "NixlKVConnectorStats.reset"),
+    Internal("serve_app/kv_wait.py: subclassed", f"{_NIXL_V1}.stats", "NixlKVConnectorStats.is_empty"),
+    Internal(
+        "serve_app/kv_wait.py: subclassed",
+        f"{_NIXL_V1}.stats",
+        "NixlPromMetrics.observe",
+        ("transfer_stats_data", "engine_idx"),
+    ),
+    Internal(
+        "serve_app/kv_wait.py: its counter per engine",
+        "vllm.v1.metrics.utils",
+        "create_metric_per_engine",
     ),
     # local/nixl_hook: NIXL's bindings, wrapped as they load.
     Internal("local/nixl_hook/sitecustomize.py: the progress thread's delay", "nixl_cu13._bindings", "nixlAgent"),

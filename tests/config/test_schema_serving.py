@@ -95,3 +95,32 @@ def test_cached_tokens_are_vllms_front_end_flag_that_ray_passes_on():
     # Ray Serve LLM hands every engine_kwargs key that FrontendArgs has to vLLM's front end
     # (VLLMEngineConfig's frontend_kwargs in ray.llm's engines/vllm/vllm_models.py).
     assert PROMPT_TOKENS_DETAILS in FrontendArgs.__dataclass_fields__
+
+
+def test_a_kv_stall_bound_not_below_the_request_timeout_is_refused(dev_data):
+    dev_data["serving"]["request_timeout_s"] = 60
+    dev_data["serving"]["kv_transfer"]["stall_timeout_s"] = 60
+    assert (
+        "serving: kv_transfer.stall_timeout_s (60) is not below request_timeout_s (60): a stalled KV read would end "
+        "the request before load_failure_policy could serve it; lower kv_transfer.stall_timeout_s"
+    ) in problems_for(dev_data)
+
+
+def test_a_colocated_service_has_no_kv_stall_bound_to_keep_below_its_timeout(dev_data):
+    from config.loader import parse_config
+
+    dev_data["serving"]["mode"] = "colocated"
+    dev_data["serving"]["request_timeout_s"] = 10
+    assert parse_config(dev_data).serving.kv_transfer.stall_timeout_s == 30
+
+
+def test_the_kv_stall_bound_is_rendered_for_both_phases_with_the_bounded_connector(dev_data):
+    from config.loader import parse_config
+    from serve_app.spec import KV_WAIT_MODULE, STALL_TIMEOUT_KEY
+
+    dev_data["serving"]["kv_transfer"]["stall_timeout_s"] = 12
+    serving = parse_config(dev_data).serving
+    for phase in ("prefill", "decode"):
+        rendered = serving.kv_transfer_config(phase)
+        assert rendered["kv_connector_module_path"] == KV_WAIT_MODULE
+        assert rendered["kv_connector_extra_config"][STALL_TIMEOUT_KEY] == 12

@@ -72,7 +72,7 @@ def test_disaggregated_graph(local_ray):
         assert kv["kv_role"] == role
         assert kv["kv_connector"] == "NixlConnector"
         assert kv["kv_buffer_device"] == "cpu"
-        assert kv["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"]}
+        assert kv["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"], "stall_timeout_s": 30}
     assert decode.init_kwargs["llm_config"].experimental_configs["_prewarm_prefill_decode"] is True
 
 
@@ -220,7 +220,8 @@ def test_one_gpu_check_spec_builds_with_half_a_gpu_per_phase(local_ray):
         {"CPU": 2, "GPU": 0.5, "pd_prefill": 0.001}
     ]
     kv = deployments["Decode:tiny-llama"].init_kwargs["llm_config"].engine_kwargs["kv_transfer_config"]
-    assert kv["kv_buffer_device"] == "cuda" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    assert kv["kv_buffer_device"] == "cuda"
+    assert kv["kv_connector_extra_config"] == {"backends": ["UCX"], "stall_timeout_s": spec.kv_transfer.stall_timeout_s}
 
 
 def test_a_gated_models_token_appears_nowhere_in_the_built_application(local_ray, tmp_path, monkeypatch):
@@ -301,5 +302,28 @@ def test_local_spec_sets_thread_binding_and_one_nixl_thread(local_ray):
     for name in ("Prefill:tiny-llama", "Decode:tiny-llama"):
         config = deployments[name].init_kwargs["llm_config"]
         extra = config.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]
-        assert extra == {"backends": ["UCX"], "num_threads": spec.kv_transfer.nixl_threads}
+        assert extra == {
+            "backends": ["UCX"],
+            "num_threads": spec.kv_transfer.nixl_threads,
+            "stall_timeout_s": spec.kv_transfer.stall_timeout_s,
+        }
         assert "VLLM_CPU_OMP_THREADS_BIND" in config.runtime_env["env_vars"]
+
+
+def test_vllm_loads_the_bounded_nixl_connector_from_the_rendered_config_under_rays_backend():
+    """vLLM's factory takes the module path before its registry; Ray Serve LLM picks its NIXL backend
+    (side channel, engine id) by the unchanged connector name."""
+    from ray.llm._internal.serve.engines.vllm.kv_transfer.factory import KVConnectorBackendFactory
+    from ray.llm._internal.serve.engines.vllm.kv_transfer.nixl import NixlConnectorBackend
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from serve_app import kv_wait
+
+    spec = load_config(CONFIG_DIR / "dev.yaml").serving
+    for phase in ("prefill", "decode"):
+        rendered = spec.kv_transfer_config(phase)
+        config = KVTransferConfig(**rendered)
+        assert KVConnectorFactory.get_connector_class(config) is kv_wait.NixlConnector
+        assert config.get_from_extra_config("stall_timeout_s", None) == spec.kv_transfer.stall_timeout_s
+        assert KVConnectorBackendFactory.get_backend_class(rendered["kv_connector"]) is NixlConnectorBackend

@@ -1,0 +1,235 @@
+"""Decode's bounded wait for a KV read (serve_app/kv_wait.py), against a prefill that never answers.
+
+Two engines of the local spec (config/local.yaml: its engine arguments, its kv_transfer_config with
+the bound, its environment), each a vLLM ``AsyncLLM`` in a process of its own, with NIXL's UCX
+backend between them. Prefill computes a prompt's KV; then its processes are frozen (SIGSTOP) and
+decode is asked to pull that KV: the read is posted and never answered. Decode must fail it after
+``kv_transfer.stall_timeout_s``, apply ``load_failure_policy`` (recompute: it computes the prompt
+itself and answers), count it in ``pd_kv_transfer_stalls`` and log the prefill peer it was pulling
+from. Without the bound, vLLM's NIXL worker waits for the read forever and decode never answers.
+
+Why not a shared server of tests/local/conftest.py: there prefill's answer and decode's read follow
+each other inside one request (Ray's P/D orchestration), so no test can freeze prefill between the
+two. Why UCX_TLS=tcp,self: between nodes (the cluster's case) UCX reads over TCP, which needs the
+peer to answer; on one host it would pick CMA, which reads the peer's memory without it, so a frozen
+prefill would still "answer". The two engines start in about a minute, less than a server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytest.importorskip("vllm", reason="the serving stack (requirements-serve.txt) is not installed")
+pytestmark = pytest.mark.live
+
+# One engine of the local spec's phase, answering a JSON line on stdin with a line "ANSWER <json>".
+ENGINE = """
+import asyncio, dataclasses, json, sys, uuid
+from prometheus_client import REGISTRY
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
+from local.paths import DEFAULT_SPEC
+from serve_app.spec import load_spec
+
+async def main(phase):
+    spec = load_spec(str(DEFAULT_SPEC))
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    # The engine's own arguments; the OpenAI front end's (tool parsers) are not the engine's.
+    kwargs = {k: v for k, v in spec.engine_kwargs(phase).items() if k in fields}
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=spec.model.source, **kwargs))
+    print("READY", flush=True)
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        ask = json.loads(line)
+        if ask.get("counters"):
+            answer = {}
+            for metric in REGISTRY.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        key = sample.name + json.dumps(sorted(sample.labels.items()))
+                        answer[key] = sample.value
+        else:
+            extra = {"kv_transfer_params": ask["kv"]} if ask.get("kv") else None
+            params = SamplingParams(max_tokens=ask["max_tokens"], temperature=0, extra_args=extra)
+            async for out in engine.generate(ask["prompt"], params, request_id=uuid.uuid4().hex):
+                final = out
+            answer = {"text": final.outputs[0].text, "kv": final.kv_transfer_params,
+                      "prompt_tokens": len(final.prompt_token_ids)}
+        print("ANSWER " + json.dumps(answer), flush=True)
+    engine.shutdown()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+START_BOUND_S = 240
+# How long past the bound decode may take to answer a stalled request (it computes the prompt itself).
+ANSWER_MARGIN_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Engine:
+    """An engine process and every line it prints, read by a thread so no wait blocks unbounded."""
+
+    def __init__(self, phase: str, spec):
+        self.phase, self.side_channel_port = phase, free_port()
+        environ = {
+            **os.environ,
+            **spec.runtime_env(phase).get("env_vars", {}),
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
+            "UCX_TLS": "tcp,self",
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ENGINE, phase],
+            cwd=ROOT,
+            env=environ,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if line.startswith(("READY", "ANSWER ")):
+                self._answers.put(line)
+        self._answers.put(None)
+
+    def next_answer(self, timeout: float):
+        try:
+            line = self._answers.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        assert line is not None, f"the {self.phase} engine exited:\n{''.join(self.lines[-40:])}"
+        return json.loads(line[7:]) if line.startswith("ANSWER ") else line.strip()
+
+    def ask(self, timeout: float = 120, **question):
+        self.process.stdin.write(json.dumps(question) + "\n")
+        self.process.stdin.flush()
+        return self.next_answer(timeout)
+
+    def counters(self) -> dict[str, float]:
+        time.sleep(1.5)  # the engine's stats reach its front end with its next output
+        return self.ask(counters=True)
+
+    def stop(self) -> None:
+        """Closes stdin (the engine shuts down as it does when served), SIGKILLs what is left after a
+        bound, and removes the shared memory its processes mapped, which a SIGKILL leaves behind."""
+        from local.lifecycle import remove_unmapped, session_members, shared_memory_of, wait_gone
+
+        members = session_members(self.process.pid)
+        mapped = shared_memory_of(members)
+        os.killpg(self.process.pid, signal.SIGCONT)
+        self.process.stdin.close()
+        left = wait_gone(members, 60)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(30)
+        assert not wait_gone(left, 30), f"the {self.phase} engine's processes outlived SIGKILL"
+        remove_unmapped(mapped)
+        assert not [segment for segment in mapped if segment.exists()], "the engines left shared memory behind"
+
+
+def counted(counters: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0.0
+    for key, value in counters.items():
+        sample, _, labels_json = key.partition("[")
+        found = dict(json.loads("[" + labels_json))
+        if sample == name and all(found.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+@pytest.fixture(scope="module")
+def engines(shared_servers):
+    from local.paths import DEFAULT_SPEC
+    from local.tiny_model import ensure_tiny_model
+    from serve_app.spec import load_spec
+
+    shared_servers.stop()  # two engines are all this machine's cores can run beside the test
+    spec = load_spec(str(DEFAULT_SPEC))
+    ensure_tiny_model(ROOT / spec.model.source)
+    started = [Engine("prefill", spec), Engine("decode", spec)]
+    try:
+        for engine in started:
+            assert engine.next_answer(START_BOUND_S) == "READY", f"the {engine.phase} engine did not start in time"
+        yield spec, *started
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+def test_a_kv_read_from_a_prefill_that_never_answers_fails_after_the_bound_and_decode_recomputes(engines):
+    spec, prefill, decode = engines
+    bound = spec.kv_transfer.stall_timeout_s
+    prompt = "The stall test's prompt reads on and on. " * 20
+
+    # A pull that works first: decode's handshake with prefill is done, and KV crossed. On a busy
+    # machine the first handshake may time out (vLLM gives prefill 5 s to answer it): a second try.
+    for attempt in range(3):
+        before = decode.counters()
+        warm = prefill.ask(prompt=f"Warm {attempt}: " + prompt, max_tokens=1, kv={"do_remote_decode": True})
+        pulled = decode.ask(prompt=f"Warm {attempt}: " + prompt, max_tokens=4, kv=warm["kv"])
+        after = decode.counters()
+        crossed = counted(after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") - counted(
+            before, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+        )
+        if crossed >= pulled["prompt_tokens"] - 1:
+            break
+    else:
+        raise AssertionError("no KV crossed from prefill to decode in 3 tries:\n" + "".join(decode.lines[-40:]))
+    assert counted(after, "pd_kv_transfer_stalls_total") == 0
+
+    # Prefill holds the next prompt's KV for decode, and freezes.
+    held = prefill.ask(prompt="Held: " + prompt, max_tokens=1, kv={"do_remote_decode": True})
+    os.killpg(prefill.process.pid, signal.SIGSTOP)
+    asked = time.monotonic()
+    answer = decode.ask(timeout=bound + ANSWER_MARGIN_S, prompt="Held: " + prompt, max_tokens=4, kv=held["kv"])
+    waited = time.monotonic() - asked
+    assert answer is not None, f"decode did not answer within {bound + ANSWER_MARGIN_S:g} s of a stalled KV read"
+    assert waited >= bound
+
+    stalled = decode.counters()
+    assert counted(stalled, "pd_kv_transfer_stalls_total") - counted(after, "pd_kv_transfer_stalls_total") == 1
+    assert (
+        counted(stalled, "vllm:nixl_num_failed_transfers_total")
+        - counted(after, "vllm:nixl_num_failed_transfers_total")
+        == 1
+    )
+    # Recompute: decode computed the prompt itself, and answers as it does with no prefill at all.
+    assert (
+        counted(stalled, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        - counted(after, "vllm:prompt_tokens_by_source_total", source="local_compute")
+        >= answer["prompt_tokens"] - 1
+    )
+    alone = decode.ask(prompt="Held: " + prompt, max_tokens=4)
+    assert answer["text"] == alone["text"]
+
+    peer = f"prefill engine {held['kv']['remote_engine_id']} at 127.0.0.1:{prefill.side_channel_port} over UCX"
+    logged = [line for line in decode.lines if "KV transfer stalled" in line]
+    assert len(logged) == 1 and peer in logged[0], "".join(logged) or "no stall logged"
+    assert f"made no progress for {bound:.0f}." in logged[0] and "kv_load_failure_policy recompute" in logged[0]
