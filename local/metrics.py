@@ -27,11 +27,14 @@ REPLICA_LABELS = ("ReplicaId", "replica", "WorkerId")
 # Requests decode served on its own engine because prefill was gone (serve_app/pd_decode.py's Ray
 # metric pd_prefill_fallbacks, a counter Ray exports with this name), by reason.
 PREFILL_FALLBACKS = "ray_pd_prefill_fallbacks_total"
+# KV reads decode failed for making no progress for kv_transfer.stall_timeout_s (serve_app/kv_wait.py's
+# engine counter pd_kv_transfer_stalls, which Ray exports with this name).
+KV_TRANSFER_STALLS = "ray_pd_kv_transfer_stalls_total"
 
 
 def is_engine_counter(name: str) -> bool:
     """vLLM's counters of an engine, and the project's own of a decode replica."""
-    return name.startswith("ray_vllm_") or name == PREFILL_FALLBACKS
+    return name.startswith("ray_vllm_") or name in (PREFILL_FALLBACKS, KV_TRANSFER_STALLS)
 
 
 @dataclass(frozen=True)

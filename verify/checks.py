@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from local.metrics import (
+    KV_TRANSFER_STALLS,
     NIXL_TRANSFERS,
     PREFILL_FALLBACKS,
     PREFIX_CACHE_HITS,
@@ -74,6 +75,7 @@ RAY_AUTH = "Ray token authentication"
 ROLLOUT = "rollout state"
 REUSE = "prefix cache hit rate per phase"
 FALLBACKS = "requests decode served without prefill"
+STALLS = "KV reads that stalled"
 # Decode re-pulls whole prompts when prefill serves at least this share of its queried prompt tokens
 # from its prefix cache and decode less than this fraction of prefill's share. Every block prefill
 # hits was computed on an earlier turn and pulled by decode then; a decode that keeps what it
@@ -625,6 +627,32 @@ def prefill_fallbacks(counters: Counters) -> CheckResult:
     )
 
 
+def kv_stalls(before: Counters, after: Counters) -> CheckResult:
+    """KV reads decode failed for making no progress (serve_app/kv_wait.py): one during the check's own
+    request fails the check; earlier ones since decode started are reported, as each was served."""
+    total = {
+        label: sum(value for (_, name, _), value in counters.items() if name == KV_TRANSFER_STALLS)
+        for label, counters in (("before", before), ("after", after))
+    }
+    during = total["after"] - total["before"]
+    if during > 0:
+        return CheckResult(
+            STALLS,
+            False,
+            f"decode's KV read for the check's request made no progress for kv_transfer.stall_timeout_s and was "
+            f"failed ({KV_TRANSFER_STALLS} +{during:,.0f}): the prefill it pulled from never answered; decode's engine "
+            "log line 'KV transfer stalled' names it (docs/troubleshooting.md, \"The KV path\")",
+            {"during": during, "total": total["after"]},
+        )
+    since = (
+        f"; {total['after']:,.0f} since decode started, each served by load_failure_policy (decode's log names "
+        "the peers)"
+        if total["after"]
+        else ""
+    )
+    return CheckResult(STALLS, True, f"no KV read stalled during the check{since}", {"total": total["after"]})
+
+
 def engine_snapshot(metrics_url: str, replicas: Mapping[str, str]) -> Counters:
     """Counters of one metrics endpoint whose replica ids ``replicas`` maps to deployments."""
     return engine_counters(scrape(metrics_url), dict(replicas))
@@ -676,13 +704,14 @@ def verify_kv_reuse(
             CheckResult(KV, False, "no completion, so no transfer to measure"),
             prefix_reuse(before),
             prefill_fallbacks(before),
+            kv_stalls(before, before),
         ]
     deadline = time.monotonic() + timeout
     while True:
         after = snapshot()
         result = kv_transferred(before, after, chat.data["prompt_tokens"])
         if result.passed or time.monotonic() > deadline:
-            return [chat, result, prefix_reuse(after), prefill_fallbacks(after)]
+            return [chat, result, prefix_reuse(after), prefill_fallbacks(after), kv_stalls(before, after)]
         time.sleep(poll)
 
 
@@ -703,6 +732,7 @@ def replay_endpoint(record: Mapping[str, Any]) -> list[CheckResult]:
         kv_transferred(counters["before"], counters["after"], chat.data.get("prompt_tokens", 0)),
         prefix_reuse(counters["after"]),
         prefill_fallbacks(counters["after"]),
+        kv_stalls(counters["before"], counters["after"]),
     ]
 
 

@@ -627,7 +627,7 @@ def test_verify_checks_pass_against_the_live_local_server(server):
     """`make verify`'s endpoint checks, run for real against the local server."""
     from verify.checks import engine_snapshot, verify_kv_reuse
 
-    chat, kv, reuse, without_prefill = verify_kv_reuse(
+    chat, kv, reuse, without_prefill, stalls = verify_kv_reuse(
         server.base_url, MODEL, lambda: engine_snapshot(server.status["metrics_url"], server.replicas())
     )
     assert chat.passed, chat.evidence
@@ -636,6 +636,8 @@ def test_verify_checks_pass_against_the_live_local_server(server):
     assert "local_compute +0" in kv.evidence
     # The kill above left decode's count of what it served without prefill, which verify reports.
     assert without_prefill.passed and "because prefill was gone" in without_prefill.evidence
+    # A killed prefill resets its connections: reads fail at once, none is left to stall.
+    assert stalls.passed and stalls.evidence.startswith("no KV read stalled during the check"), stalls.evidence
 
 
 ROLLOUT_SCRIPT = """

@@ -268,11 +268,12 @@ def test_cli_on_a_healthy_recording_passes_every_check():
         "PASS KV transferred, no recompute",
         "PASS prefix cache hit rate per phase",
         "PASS requests decode served without prefill",
+        "PASS KV reads that stalled",
         "PASS EFA inside the GPU workers",
         "PASS SRD between prefill and decode",
         "PASS KV path",
     ]
-    assert lines[-1] == "16/16 checks passed"
+    assert lines[-1] == "17/17 checks passed"
 
 
 def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
@@ -292,7 +293,7 @@ def test_cli_on_a_broken_recording_fails_the_broken_checks(tmp_path):
     assert "FAIL chat completion: no chat completion was recorded" in out
     assert "FAIL prefix cache hit rate per phase: no ray_vllm_prefix_cache_queries_total was read" in out
     assert "FAIL KV path: did not cross: EFA moved" in out
-    assert out.splitlines()[-1] == "10/16 checks passed"
+    assert out.splitlines()[-1] == "11/17 checks passed"
 
 
 def test_cli_without_a_cluster_answer_exits_2(tmp_path):
@@ -579,7 +580,7 @@ def test_cli_flags_a_recording_whose_decode_re_pulls_whole_prompts(tmp_path):
     assert done.returncode == 1
     assert "PASS KV transferred, no recompute" in done.stdout
     assert "FAIL prefix cache hit rate per phase: decode re-pulls whole prompts over NIXL" in done.stdout
-    assert done.stdout.splitlines()[-1] == "15/16 checks passed"
+    assert done.stdout.splitlines()[-1] == "16/17 checks passed"
 
 
 def test_requests_decode_served_without_prefill_are_reported_by_reason_and_never_fail():
@@ -601,3 +602,24 @@ def test_requests_decode_served_without_prefill_are_reported_by_reason_and_never
     assert "kubectl get pods -l ray.io/group=prefill-gpu" in result.evidence
     quiet = checks.prefill_fallbacks(checks.phase_counters({f"Decode/{DECODE_POD}": text.split("\n")[-1]}))
     assert quiet.passed and quiet.evidence == "decode served no request itself for want of prefill since it started"
+
+
+def stall_counters(count: float) -> dict:
+    # The counter as Ray exports serve_app/kv_wait.py's engine metric from a decode worker
+    # (tests/local/test_local_kv_stall.py reads it from a real engine).
+    line = f'ray_pd_kv_transfer_stalls_total{{engine="0",model_name="qwen",ReplicaId="r1"}} {count}'
+    return checks.phase_counters({f"Decode/{DECODE_POD}": line})
+
+
+def test_a_kv_read_that_stalls_during_the_check_fails_it_naming_the_log_line():
+    result = checks.kv_stalls(stall_counters(2), stall_counters(3))
+    assert not result.passed
+    assert "ray_pd_kv_transfer_stalls_total +1" in result.evidence
+    assert "'KV transfer stalled' names it" in result.evidence
+
+
+def test_kv_reads_that_stalled_before_the_check_are_reported_and_pass():
+    earlier = checks.kv_stalls(stall_counters(3), stall_counters(3))
+    assert earlier.passed and earlier.evidence.startswith("no KV read stalled during the check; 3 since decode started")
+    none = checks.kv_stalls(stall_counters(0), stall_counters(0))
+    assert none.passed and none.evidence == "no KV read stalled during the check"
