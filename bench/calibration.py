@@ -2,7 +2,8 @@
 (planner/calibration.py): ``calibration.json`` beside the run's report.
 
 - ``ttft_probe``: per mode, each probe size's median TTFT (ms) of sequential, unique prompts,
-  which is prefill and the fixed costs around it, with no queue;
+  which is prefill and the fixed costs around it, with no queue; ``ttft_probe_samples``: how many
+  requests each median is of (the fit refuses a size with too few);
 - ``rows``: per mode and concurrency, the workload's TTFT, TPOT and ITL (mean, median, p90, p95, p99,
   under `vllm bench serve`'s names: mean_ttft_ms, median_itl_ms, …) and output tokens/s.
 """
@@ -28,8 +29,11 @@ def write_calibration(
         "pd_min_prompt_tokens": pd_min_prompt_tokens,
         "workload": {"input_len": workload.input_len, "output_len": workload.output_len},
         "ttft_probe": {
-            mode: {str(r.tokens): round(r.percentile(50) * 1e3, 2) for r in results}
+            mode: {str(r.tokens): round(r.percentile(50) * 1e3, 2) for r in results if r.ttft_s}
             for mode, results in (ttft or {}).items()
+        },
+        "ttft_probe_samples": {
+            mode: {str(r.tokens): len(r.ttft_s) for r in results} for mode, results in (ttft or {}).items()
         },
         "rows": [
             {

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibration:
             from planner.calibration import calibrate_file
 
-            fit = calibrate_file(args.calibration, inputs)
+            fit = calibrate_file(args.calibration, inputs, config.serving.model.model_id)
             inputs = with_calibration(inputs, fit.efficiency, fit.link)
         advice = advise(inputs, workload, slo)
         cap_batch = concurrency or settings.typical_concurrency

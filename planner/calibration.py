@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +34,9 @@ from planner.errors import PlanningError
 from planner.performance import ASSUMED_EFFICIENCY, Device, Efficiency, Link, StepCost
 
 FILE_NAME = "calibration.json"
+MODES = ("colocated", "disaggregated")
+# The fewest requests a fitted probe size's median may be of (bench/ttft.py measures 10 per size).
+MIN_PROBE_SAMPLES = 5
 # Where a fitted bandwidth comes out at or below zero (a gap that does not grow), the wire is free.
 UNLIMITED_BYTES_PER_S = 1e15
 # A nominal CPU for --local: the fit scales it, so only the product with the fitted shares matters.
@@ -169,16 +173,46 @@ def _median_itl_ms(row: dict[str, Any]) -> float | None:
     return row.get("median_itl_ms") or row.get("itl_ms_p50")
 
 
-def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: tuple[int, int] | None = None) -> Fit:
+def probe_of(data: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """The TTFT probe of both modes (ms per prompt size), refused in one line naming what is missing: a
+    mode, a second size both modes measured, a size measured by too few requests."""
     probe = data.get("ttft_probe") or {}
-    if not {"colocated", "disaggregated"} <= set(probe):
+    missing = [mode for mode in MODES if not probe.get(mode)]
+    if missing:
+        found = ", ".join(sorted(m for m in probe if probe[m])) or "no mode"
         raise PlanningError(
-            "the calibration needs the TTFT probe of both modes: run `make bench-compare` (it writes calibration.json)"
+            f"the calibration needs the TTFT probe of both modes and has {found}, not {' and '.join(missing)}: run "
+            "`make bench-compare` (it writes calibration.json with both), not `make bench` on one endpoint"
         )
-    measured = {mode: {int(t): float(ms) for t, ms in probe[mode].items()} for mode in ("colocated", "disaggregated")}
+    samples = data.get("ttft_probe_samples") or {}
+    measured: dict[str, dict[int, float]] = {}
+    for mode in MODES:
+        measured[mode] = {}
+        for size, ms in probe[mode].items():
+            count = samples.get(mode, {}).get(size)
+            if count is not None and count < MIN_PROBE_SAMPLES:
+                raise PlanningError(
+                    f"the TTFT probe of {mode} at {size} tokens is the median of {count} request(s); the fit needs "
+                    f"{MIN_PROBE_SAMPLES} at least: run `make bench-compare` again until its probe completes"
+                )
+            if not isinstance(ms, int | float) or not math.isfinite(ms) or ms <= 0:
+                raise PlanningError(
+                    f"the TTFT probe of {mode} at {size} tokens holds {ms!r}, not a time: its requests failed; run "
+                    "`make bench-compare` again"
+                )
+            measured[mode][int(size)] = float(ms)
+    both = sorted(set(measured["colocated"]) & set(measured["disaggregated"]))
+    if len(both) < 2:
+        raise PlanningError(
+            "the calibration needs the TTFT probe at two prompt sizes at least, measured in both modes; it has "
+            + "; ".join(f"{mode} at {', '.join(map(str, sorted(measured[mode])))} tokens" for mode in MODES)
+        )
+    return measured
+
+
+def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: tuple[int, int] | None = None) -> Fit:
+    measured = probe_of(data)
     sizes = sorted(set(measured["colocated"]) & set(measured["disaggregated"]))
-    if len(sizes) < 2:
-        raise PlanningError("the calibration needs the TTFT probe at two prompt sizes at least")
     t1, t2 = fit_on or (sizes[0], sizes[-1])
     if t1 not in sizes or t2 not in sizes or t1 == t2:
         raise PlanningError(f"--fit-on takes two of the measured sizes {', '.join(map(str, sizes))}")
@@ -202,7 +236,12 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
         row = min(single, key=lambda r: r["mode"] != "colocated")
         itl_ms = _median_itl_ms(row)
         assert itl_ms is not None
-        context = data["workload"]["input_len"] + data["workload"]["output_len"] // 2
+        workload = data.get("workload") or {}
+        if not {"input_len", "output_len"} <= set(workload):
+            raise PlanningError(
+                "the rows at concurrency 1 name no workload (input_len, output_len) to read their ITL by"
+            )
+        context = workload["input_len"] + workload["output_len"] // 2
         bare = replace(cost.device, efficiency=replace(efficiency, step_overhead_s=0.0))
         moving = StepCost.of(cost.model, bare).step_seconds(1, context, 0, 0.0, 0, 0)
         efficiency = replace(efficiency, step_overhead_s=max(itl_ms / 1e3 - moving, 0.0))
@@ -211,6 +250,12 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
         return StepCost(cost.model, replace(cost.device, efficiency=e), cost.weight_bytes, cost.kv_bytes_per_token)
 
     measured_growth = (measured["colocated"][t2] - measured["colocated"][t1]) / 1e3
+    if measured_growth <= 0:
+        raise PlanningError(
+            f"colocated TTFT does not grow from {t1} to {t2} tokens ({measured['colocated'][t1]:g} ms, then "
+            f"{measured['colocated'][t2]:g} ms): the probe measured noise, not prefill; run `make bench-compare` on an "
+            "otherwise idle deployment, or fit on sizes further apart (--fit-on)"
+        )
 
     def growth(mfu: float) -> float:
         c = with_efficiency(replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0))
@@ -236,24 +281,49 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
     return Fit(efficiency, fitted_link, (t1, t2), measured, before, predict(fitted, fitted_link))
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, *, model_id: str | None = None) -> dict[str, Any]:
+    """A calibration.json (or the results folder holding it), refused in one line when it is not one,
+    or when it was measured on a model other than ``model_id`` (the served model's id)."""
     file = Path(path)
     if file.is_dir():
         file = file / FILE_NAME
     if not file.is_file():
-        raise PlanningError(f"{path}: no {FILE_NAME} there (`make bench-compare` writes one in its results folder)")
-    return json.loads(file.read_text())
+        raise PlanningError(f"no {FILE_NAME} there (`make bench-compare` writes one in its results folder)")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanningError(f"not JSON ({exc}): give the {FILE_NAME} a benchmark wrote") from None
+    if not isinstance(data, dict) or "ttft_probe" not in data:
+        raise PlanningError(f"no ttft_probe in it: give the {FILE_NAME} `make bench-compare` wrote")
+    measured_on = data.get("model")
+    if model_id is not None and measured_on != model_id:
+        raise PlanningError(
+            f"measured on model {measured_on!r}, not {model_id!r} (serving.model.model_id): calibrate with a run of "
+            f"{model_id} (`make bench-compare MODEL={model_id}`)"
+        )
+    return data
 
 
-def calibrate_file(path: str | Path, inputs, fit_on: tuple[int, int] | None = None) -> Fit:
-    """The fit of a results file for the advisor's inputs (planner/advisor.py AdvisorInputs): its decode
-    engine, on the configured instance, and the link between the groups."""
+def calibrate_file(path: str | Path, inputs, model_id: str, fit_on: tuple[int, int] | None = None) -> Fit:
+    """The fit of a results file of ``model_id`` for the advisor's inputs (planner/advisor.py
+    AdvisorInputs): its decode engine, on the configured instance, and the link between the groups."""
     from config.catalog import INSTANCES
 
     decode = INSTANCES[inputs.decode_instance]
     prefill = INSTANCES[inputs.prefill_instance]
     cost = StepCost.of(inputs.model, Device.of(decode, inputs.decode_tp, inputs.efficiency), inputs.dtype_bytes)
-    return fit(load(path), cost, inputs.token_budget, Link.between(prefill, decode, inputs.network_efficiency), fit_on)
+    link = Link.between(prefill, decode, inputs.network_efficiency)
+    try:
+        return fit(load(path, model_id=model_id), cost, inputs.token_budget, link, fit_on)
+    except PlanningError as exc:
+        raise PlanningError(f"calibration {path}: {exc}") from None
+
+
+def local_model_id() -> str:
+    """The model id the local servers serve (config/local.yaml), which their benchmarks record."""
+    from serve_app.spec import load_spec
+
+    return load_spec(str(Path(__file__).resolve().parent.parent / "config" / "local.yaml")).model.model_id
 
 
 def local_cost() -> tuple[StepCost, int]:
@@ -297,15 +367,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.local:
             cost, budget = local_cost()
-            result = fit(load(args.results), cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on)
+            try:
+                data = load(args.results, model_id=local_model_id())
+                result = fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on)
+            except PlanningError as exc:
+                raise PlanningError(f"calibration {args.results}: {exc}") from None
         else:
             from config.loader import load_config
             from planner.from_config import advisor_inputs, plan_config
 
             config = load_config(args.config)
-            result = calibrate_file(args.results, advisor_inputs(config, plan_config(config)), fit_on)
+            inputs = advisor_inputs(config, plan_config(config))
+            result = calibrate_file(args.results, inputs, config.serving.model.model_id, fit_on)
     except PlanningError as exc:
-        print(f"{args.results}: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)
         return 2
     print(json.dumps(result.as_dict(), indent=2) if args.json else result.render())
     return 0

@@ -291,7 +291,7 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
 
 
 def test_calibration_without_both_modes_says_what_to_run():
-    with pytest.raises(PlanningError, match="TTFT probe of both modes: run `make bench-compare`"):
+    with pytest.raises(PlanningError, match="TTFT probe of both modes and has colocated, not disaggregated: run"):
         fit({"ttft_probe": {"colocated": {"20": 30.0}}}, l4_cost(), 2048, g6_link())
 
 
