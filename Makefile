@@ -59,7 +59,7 @@ TOKENIZER ?= $(abspath .local/tiny-llama)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 
-.PHONY: synth deploy preview destroy check test test-unit test-consumers test-deps unit-deps consumer-deps redis-server charts plan local bench bench-compare verify upgrade-crds mirror-model clean help
+.PHONY: synth deploy preview destroy check test test-unit test-consumers test-deps unit-deps consumer-deps redis-server charts plan plan-local local bench bench-compare verify upgrade-crds mirror-model clean help
 
 help:
 	@echo "make synth   [ENV=dev|prod|CONFIG=path.yaml]  offline synth and a summary"
@@ -68,6 +68,7 @@ help:
 	@echo "make destroy [ENV=…|CONFIG=…]                 cdk destroy"
 	@echo "make plan    [ENV=…|CONFIG=…] [CALIBRATION=…] [PLAN_ARGS=…]  memory fit, KV transfer cost, price,"
 	@echo "                                              colocated vs P/D for a workload (PLAN_ARGS='--prompt-tokens 4096 --concurrency 8 --json')"
+	@echo "make plan-local RESULTS='DIR …'               the advisor's prediction of the local servers beside make bench-compare LOCAL=1 runs"
 	@echo "make local   [MODE=disaggregated|colocated] [ASSET=1] [HA=1] [API_KEY=…]   serve_app on this CPU at http://127.0.0.1:8000/v1"
 	@echo "make bench URL=… [WORKLOAD=chat|long-prompt|shared-context-rag|multi-turn-agent|tiny] [MODEL=…] [TOKENIZER=…] [API_KEY=…] [METRICS_URL=…]"
 	@echo "make bench-compare PD_URL=… COLOCATED_URL=… [WORKLOAD=…] [PD_METRICS_URL=… COLOCATED_METRICS_URL=…]   (or LOCAL=1: local CPU servers in turn)"
@@ -137,6 +138,13 @@ destroy: $(VENV)/.runtime node_modules/.installed
 
 plan: $(VENV)/.runtime
 	$(PY) -m cli.plan $(CONFIG) $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(PLAN_ARGS)
+
+# The advisor's model of the local CPU servers beside runs of make bench-compare LOCAL=1
+# (WORKLOAD=local-long and local-short, three runs each for medians of three).
+RESULTS ?=
+plan-local: $(VENV)/.serve
+	@test -n "$(RESULTS)" || { echo "make plan-local needs RESULTS='DIR …': results folders of make bench-compare LOCAL=1"; exit 2; }
+	$(PY) -m planner.local_check $(RESULTS)
 
 # The one quality gate, run the same way here and in CI.
 check: $(VENV)/.dev

@@ -27,7 +27,13 @@ def write_calibration(
         "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "model": model,
         "pd_min_prompt_tokens": pd_min_prompt_tokens,
-        "workload": {"input_len": workload.input_len, "output_len": workload.output_len},
+        "workload": {
+            "name": workload.name,
+            "input_len": workload.input_len,
+            "output_len": workload.output_len,
+            "range_ratio": workload.range_ratio,
+            "num_prompts": workload.num_prompts,
+        },
         "ttft_probe": {
             mode: {str(r.tokens): round(r.percentile(50) * 1e3, 2) for r in results if r.ttft_s}
             for mode, results in (ttft or {}).items()

@@ -120,7 +120,7 @@ def test_the_calibration_file_carries_the_rows_under_vllms_names_and_the_fit_rea
     from planner.calibration import _median_itl_ms, load
 
     row = _row("colocated", 1, 100.0, 2.0)
-    workload = SimpleNamespace(input_len=64, output_len=16)
+    workload = SimpleNamespace(name="tiny", input_len=64, output_len=16, range_ratio=0.0, num_prompts=6)
     write_calibration(tmp_path, model="m", workload=workload, rows=[row])
     written = load(tmp_path)["rows"][0]
     assert {k: written[k] for k in row.latency_ms} == row.latency_ms

@@ -17,7 +17,7 @@ from planner import PlanningError
 from planner.calibration import MIN_PROBE_SAMPLES, calibrate_file, load, probe_of
 from tests.conftest import CONFIG_DIR, ROOT
 
-WORKLOAD = SimpleNamespace(input_len=64, output_len=16)
+WORKLOAD = SimpleNamespace(name="tiny", input_len=64, output_len=16, range_ratio=0.0, num_prompts=6)
 
 
 def probe(mode: str, sizes: dict[int, float], samples: int = 10) -> list[SizeResult]:
