@@ -44,6 +44,8 @@ class AdvisorInputs:
     network_efficiency: float = 0.7
     max_num_seqs: int = 256
     token_budget: int = 2048
+    # serving.pd_max_local_prefill_tokens: selective P/D never prefills more on decode by its choice.
+    local_prefill_cap: int | None = None
     # Calibration (planner/calibration.py): every engine's efficiency, and the link's.
     efficiency: Efficiency | None = None
     link: Link | None = None
@@ -160,7 +162,15 @@ def _pd_candidate(
     threshold: int,
 ) -> Candidate:
     prefill, decode, link = fleet
-    outcome = simulate(workload, slo, prefill=(prefill, x), decode=(decode, y), link=link, min_prompt_tokens=threshold)
+    outcome = simulate(
+        workload,
+        slo,
+        prefill=(prefill, x),
+        decode=(decode, y),
+        link=link,
+        min_prompt_tokens=threshold,
+        local_prefill_cap=inputs.local_prefill_cap,
+    )
     return Candidate("disaggregated", x, y, threshold, x * inputs.prefill_tp + y * inputs.decode_tp, outcome)
 
 

@@ -83,6 +83,7 @@ def _rerun(candidate: Candidate, inputs: AdvisorInputs, advice: Advice) -> Candi
             decode=(decode, candidate.decode_replicas),
             link=link,
             min_prompt_tokens=candidate.min_prompt_tokens,
+            local_prefill_cap=inputs.local_prefill_cap,
         )
     return replace(candidate, outcome=outcome)
 

@@ -111,6 +111,7 @@ def advisor_inputs(config: AppConfig, report: PlanReport) -> AdvisorInputs:
         max_num_seqs=int(kwargs.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
         token_budget=int(kwargs.get("max_num_batched_tokens", DEFAULT_TOKEN_BUDGET[large])),
         efficiency=efficiency,
+        local_prefill_cap=serving.pd_max_local_prefill_tokens,
     )
 
 

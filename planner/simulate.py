@@ -10,7 +10,8 @@ gives the running sequences their tokens only in the steps between. In P/D a pre
 computes the prompt (its one sampled token is dropped, as Ray's P/D does), the KV cache crosses the
 link, all of it once the prefill is done (vLLM's NIXL connector) or chunk by chunk as the chunks are
 computed (SGLang's P/D: ``Link.per_chunk``), and decode's first step on the request gives its first
-token. With selective P/D a prompt shorter than the threshold is prefilled by decode itself.
+token. With selective P/D a prompt whose uncached remainder is shorter than the threshold, and at
+most the local prefill cap, is prefilled by decode itself (serve_app/selective.py's choice).
 Requests go to the replica with the fewest in flight.
 
 Prefix hits (``Workload.prefix_hit_share``): that share of each prompt, in whole KV blocks, is already
@@ -69,6 +70,12 @@ class Workload:
             return max(1, round(rng.uniform(low, high)))
 
         return [(spread(self.prompt_tokens), spread(self.output_tokens)) for _ in range(self.requests)]
+
+
+def local_prefill_limit(min_prompt_tokens: int, cap: int | None) -> int:
+    """The uncached remainder below which decode prefills a prompt itself: the threshold, never above the
+    cap (serve_app/selective.py, SelectivePDDecodeServer's limit: ``min(threshold, cap + 1)``)."""
+    return min_prompt_tokens if cap is None else min(min_prompt_tokens, cap + 1)
 
 
 def cached_prefix_tokens(prompt: int, share: float, block: int = KV_BLOCK_TOKENS) -> int:
@@ -269,10 +276,14 @@ def simulate(
     link: Link | None = None,
     min_prompt_tokens: int = 0,
     request_overhead_s: float | None = None,
+    local_prefill_cap: int | None = None,
 ) -> Outcome:
     """Colocated (``colocated=(spec, replicas)``) or P/D (``prefill``, ``decode``, ``link``).
     ``request_overhead_s``: each request's fixed cost outside the engines (default: the decode engine's
-    device efficiency's), half before its arrival at an engine and half after its last token."""
+    device efficiency's), half before its arrival at an engine and half after its last token.
+    ``local_prefill_cap``: serving.pd_max_local_prefill_tokens, the most of a prompt decode prefills by
+    the threshold's choice (None: no cap)."""
+    local_limit = local_prefill_limit(min_prompt_tokens, local_prefill_cap)
     if colocated:
         front = [Engine(colocated[0], "colocated") for _ in range(colocated[1])]
         prefills: list[Engine] = []
@@ -329,7 +340,7 @@ def simulate(
             break
         if kind == "arrive":
             assert isinstance(payload, Request)
-            local = not prefills or payload.prompt < min_prompt_tokens
+            local = not prefills or payload.prompt - payload.cached < local_limit
             target = least_loaded(decodes if local else prefills)
             payload.prefill_here = local
             target.waiting.append(payload)

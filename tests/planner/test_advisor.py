@@ -159,6 +159,35 @@ def test_a_link_that_sends_each_chunk_as_it_is_computed_overlaps_the_transfer_wi
     assert ttft_ms(per_chunk=False) - ttft_ms(per_chunk=True) == pytest.approx(saved * 1e3)
 
 
+def test_selective_pd_decides_on_the_uncached_remainder_as_serve_app_does():
+    """A 1,000-token conversation turn whose first 960 tokens both phases hold: its 40-token remainder is
+    below a 128-token threshold, so decode prefills it (no KV crosses), as serve_app/selective.py does;
+    the whole prompt is far above the threshold."""
+    workload = Workload(1000, 16, concurrency=1, requests=20, prefix_hit_share=0.96)
+    slo = Slo(10_000, 1_000)
+    fleet = dict(prefill=(engine(), 1), decode=(engine(), 1), link=g6_link())
+    selective = simulate(workload, slo, **fleet, min_prompt_tokens=128)
+    assert selective.kv_bytes_moved == 0
+    assert simulate(workload, slo, **fleet).kv_bytes_moved > 0
+
+
+def test_selective_pd_never_prefills_more_than_the_cap_on_decode():
+    workload = Workload(600, 16, concurrency=1, requests=20)
+    slo = Slo(10_000, 1_000)
+    fleet = dict(prefill=(engine(), 1), decode=(engine(), 1), link=g6_link())
+    assert simulate(workload, slo, **fleet, min_prompt_tokens=1024).kv_bytes_moved == 0
+    capped = simulate(workload, slo, **fleet, min_prompt_tokens=1024, local_prefill_cap=512)
+    assert capped.kv_bytes_moved == pytest.approx(600 * l4_cost().kv_bytes_per_token)
+
+
+def test_the_advisor_takes_the_configs_cap():
+    from planner.from_config import advisor_inputs, plan_config
+    from tests.config.helpers import dev_config
+
+    config = dev_config()
+    assert advisor_inputs(config, plan_config(config)).local_prefill_cap == config.serving.pd_max_local_prefill_tokens
+
+
 def test_selective_pd_below_the_threshold_costs_what_colocated_does():
     workload = Workload(100, 16, concurrency=1, requests=20)
     slo = Slo(10_000, 1_000)
