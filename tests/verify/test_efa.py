@@ -159,3 +159,29 @@ def test_with_the_ucx_backend_no_efa_check_runs(tmp_path):
     assert not [
         n for n in names if n.endswith(("NIXL uses EFA", "EFA inside the GPU workers", "SRD between", "KV path"))
     ]
+
+
+def test_the_node_script_runs_in_a_real_shell_and_a_machine_without_efa_records_no_efa_device(tmp_path):
+    """What bench/gpu/run.sh does first, on this machine (no EFA): the probe runs to its end in sh and
+    the verdict is the evidence a GPU machine without EFA gives."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if Path("/dev/infiniband").exists():
+        pytest.skip("this machine has an RDMA device: the no-EFA verdict is not its evidence")
+    script = subprocess.run(
+        [sys.executable, "-m", "verify.efa", "--script"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    probed = subprocess.run(["sh", "-c", script.stdout], capture_output=True, text=True, timeout=60)
+    (tmp_path / "efa-node.txt").write_text(probed.stdout + probed.stderr)
+    assert {"devices", "memlock", "efa", "efa-direct rma", "hw_counters"} <= efa.parse_probe(probed.stdout).sections
+    judged = subprocess.run(
+        [sys.executable, "-m", "verify.efa", "--judge", str(tmp_path / "efa-node.txt")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert judged.returncode == 1
+    assert "this machine: no EFA device (no uverbs device, no efa provider, no hw_counters)" in judged.stdout
