@@ -25,6 +25,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -246,9 +248,6 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
         moving = StepCost.of(cost.model, bare).step_seconds(1, context, 0, 0.0, 0, 0)
         efficiency = replace(efficiency, step_overhead_s=max(itl_ms / 1e3 - moving, 0.0))
 
-    def with_efficiency(e: Efficiency) -> StepCost:
-        return StepCost(cost.model, replace(cost.device, efficiency=e), cost.weight_bytes, cost.kv_bytes_per_token)
-
     measured_growth = (measured["colocated"][t2] - measured["colocated"][t1]) / 1e3
     if measured_growth <= 0:
         raise PlanningError(
@@ -258,16 +257,16 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
         )
 
     def growth(mfu: float) -> float:
-        c = with_efficiency(replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0))
+        c = cost.with_efficiency(replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0))
         return single_request_ttft(c, t2, budget, "colocated", None) - single_request_ttft(
             c, t1, budget, "colocated", None
         )
 
     mfu = _bisect(growth, measured_growth, 1e-6, 1.0)
     efficiency = replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0)
-    bare_ttft = single_request_ttft(with_efficiency(efficiency), t1, budget, "colocated", None)
+    bare_ttft = single_request_ttft(cost.with_efficiency(efficiency), t1, budget, "colocated", None)
     efficiency = replace(efficiency, request_overhead_s=max(measured["colocated"][t1] / 1e3 - bare_ttft, 0.0))
-    fitted = with_efficiency(efficiency)
+    fitted = cost.with_efficiency(efficiency)
 
     def gap(t: int) -> float:
         return (measured["disaggregated"][t] - measured["colocated"][t]) / 1e3
@@ -279,6 +278,15 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
     fixed = max(gap(t1) - first_token[t1] - kv * t1 / bandwidth, 0.0)
     fitted_link = Link(bandwidth, None, fixed)
     return Fit(efficiency, fitted_link, (t1, t2), measured, before, predict(fitted, fitted_link))
+
+
+@contextmanager
+def in_file(path: str | Path) -> Iterator[None]:
+    """Names the calibration file in what is refused inside."""
+    try:
+        yield
+    except PlanningError as exc:
+        raise PlanningError(f"calibration {path}: {exc}") from None
 
 
 def load(path: str | Path, *, model_id: str | None = None) -> dict[str, Any]:
@@ -313,27 +321,28 @@ def calibrate_file(path: str | Path, inputs, model_id: str, fit_on: tuple[int, i
     prefill = INSTANCES[inputs.prefill_instance]
     cost = StepCost.of(inputs.model, Device.of(decode, inputs.decode_tp, inputs.efficiency), inputs.dtype_bytes)
     link = Link.between(prefill, decode, inputs.network_efficiency)
-    try:
+    with in_file(path):
         return fit(load(path, model_id=model_id), cost, inputs.token_budget, link, fit_on)
-    except PlanningError as exc:
-        raise PlanningError(f"calibration {path}: {exc}") from None
+
+
+def local_spec():
+    """config/local.yaml, the local servers' serving spec."""
+    from serve_app.spec import load_spec
+
+    return load_spec(str(Path(__file__).resolve().parent.parent / "config" / "local.yaml"))
 
 
 def local_model_id() -> str:
-    """The model id the local servers serve (config/local.yaml), which their benchmarks record."""
-    from serve_app.spec import load_spec
-
-    return load_spec(str(Path(__file__).resolve().parent.parent / "config" / "local.yaml")).model.model_id
+    """The model id the local servers serve, which their benchmarks record."""
+    return local_spec().model.model_id
 
 
 def local_cost() -> tuple[StepCost, int]:
     """The tiny model of `make local` on this CPU, and its step budget (vLLM's CPU default)."""
     from planner.models import load_architecture
-    from serve_app.spec import load_spec
 
-    root = Path(__file__).resolve().parent.parent
-    spec = load_spec(str(root / "config" / "local.yaml"))
-    model_dir = root / spec.model.source
+    spec = local_spec()
+    model_dir = Path(__file__).resolve().parent.parent / spec.model.source
     if not (model_dir / "config.json").is_file():
         raise PlanningError(f"{model_dir} has no config.json: run `make local` once to generate the tiny model")
     model = load_architecture(spec.model.model_id, model_dir)
@@ -367,11 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.local:
             cost, budget = local_cost()
-            try:
+            with in_file(args.results):
                 data = load(args.results, model_id=local_model_id())
                 result = fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on)
-            except PlanningError as exc:
-                raise PlanningError(f"calibration {args.results}: {exc}") from None
         else:
             from config.loader import load_config
             from planner.from_config import advisor_inputs, plan_config

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from cmdline import ArgumentParser
-from planner.calibration import MODES, Fit, fit, load, local_cost, local_model_id
+from planner.calibration import (
+    MODES,
+    UNLIMITED_BYTES_PER_S,
+    Fit,
+    fit,
+    in_file,
+    load,
+    local_cost,
+    local_model_id,
+)
 from planner.errors import PlanningError
 from planner.performance import Link, StepCost
 from planner.simulate import EngineSpec, Outcome, Slo, Workload, simulate
@@ -108,10 +117,8 @@ def runs_of(paths: list[str]) -> list[Run]:
     runs = []
     model = local_model_id()
     for path in paths:
-        try:
+        with in_file(path):
             data = load(path, model_id=model)
-        except PlanningError as exc:
-            raise PlanningError(f"{path}: {exc}") from None
         workload = data.get("workload") or {}
         if not {"name", "input_len", "output_len", "range_ratio"} <= set(workload):
             raise PlanningError(
@@ -153,7 +160,7 @@ def median_probe_fit(runs: list[Run]) -> Fit:
         "rows": [{"mode": "colocated", "concurrency": 1, "median_itl_ms": itl}] if itl else [],
     }
     cost, budget = local_cost()
-    return fit(data, cost, budget, Link(1e15, None), fit_on=(sizes[-2], sizes[-1]))
+    return fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on=(sizes[-2], sizes[-1]))
 
 
 @dataclass(frozen=True)

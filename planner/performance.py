@@ -128,6 +128,10 @@ class StepCost:
     def of(cls, model: ModelArchitecture, device: Device, dtype_bytes: int = 2) -> StepCost:
         return cls(model, device, model.num_parameters * dtype_bytes, model.kv_bytes_per_token(dtype_bytes))
 
+    def with_efficiency(self, efficiency: Efficiency) -> StepCost:
+        """The same model and device, used as well as ``efficiency`` says."""
+        return StepCost(self.model, self.device.with_efficiency(efficiency), self.weight_bytes, self.kv_bytes_per_token)
+
     def __post_init__(self) -> None:
         m, d = self.model, self.device
         # Per-step constants, in seconds per unit, so that a step's cost is a few multiplications.

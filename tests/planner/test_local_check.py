@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from planner.calibration import single_request_ttft
-from planner.performance import Link, StepCost
+from planner.performance import Link
 from planner.simulate import Workload
 from tests.conftest import ROOT
 
@@ -31,7 +31,7 @@ def truth():
     ensure_tiny_model(ROOT / ".local" / "tiny-llama")
     cost, budget = local_cost()
     efficiency = replace(cost.device.efficiency, prefill_mfu=0.021, step_overhead_s=0.009, request_overhead_s=0.035)
-    cost = StepCost(cost.model, replace(cost.device, efficiency=efficiency), cost.weight_bytes, cost.kv_bytes_per_token)
+    cost = cost.with_efficiency(efficiency)
     return local_check.LocalPair(cost, 200_000, 8, budget, Link(4e8, None, 0.006), 32)
 
 
