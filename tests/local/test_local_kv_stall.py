@@ -63,7 +63,9 @@ async def main(phase):
                         answer[key] = sample.value
         else:
             extra = {"kv_transfer_params": ask["kv"]} if ask.get("kv") else None
-            params = SamplingParams(max_tokens=ask["max_tokens"], temperature=0, extra_args=extra)
+            # ignore_eos: prefill hands its KV over only when it stops at max_tokens (vLLM's NIXL connector,
+            # request_finished); a random model may pick EOS first, and that prompt never crosses.
+            params = SamplingParams(max_tokens=ask["max_tokens"], temperature=0, ignore_eos=True, extra_args=extra)
             async for out in engine.generate(ask["prompt"], params, request_id=uuid.uuid4().hex):
                 final = out
             answer = {"text": final.outputs[0].text, "kv": final.kv_transfer_params,
@@ -206,12 +208,16 @@ def test_a_kv_read_from_a_prefill_that_never_answers_fails_after_the_bound_and_d
 
     # Prefill holds the next prompt's KV for decode, and freezes.
     held = prefill.ask(prompt="Held: " + prompt, max_tokens=1, kv={"do_remote_decode": True})
+    assert held["kv"] and held["kv"].get("remote_block_ids"), f"prefill held no KV for decode: {held}"
     os.killpg(prefill.process.pid, signal.SIGSTOP)
     asked = time.monotonic()
     answer = decode.ask(timeout=bound + ANSWER_MARGIN_S, prompt="Held: " + prompt, max_tokens=4, kv=held["kv"])
     waited = time.monotonic() - asked
     assert answer is not None, f"decode did not answer within {bound + ANSWER_MARGIN_S:g} s of a stalled KV read"
-    assert waited >= bound
+    assert waited >= bound, (
+        f"decode answered {waited:.1f} s after a read from a frozen prefill: {held['kv']}\n"
+        + "".join(decode.lines[-40:])
+    )
 
     stalled = decode.counters()
     assert counted(stalled, "pd_kv_transfer_stalls_total") - counted(after, "pd_kv_transfer_stalls_total") == 1
