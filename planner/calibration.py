@@ -56,8 +56,10 @@ def single_request_ttft(
 ) -> float:
     """Seconds from arrival to first token of one request on idle engines (P/D below
     ``min_prompt_tokens``: decode prefills it, as colocated does). ``cached``: the prompt's tokens
-    both engines hold already, neither computed nor moved."""
-    seconds, offset = cost.device.efficiency.request_overhead_s, cached
+    both engines hold already, neither computed nor moved. The first token passes the front end's
+    per-token stage too (``token_overhead_s``)."""
+    efficiency = cost.device.efficiency
+    seconds, offset = efficiency.request_overhead_s + efficiency.token_overhead_s, cached
     while offset < tokens:
         take = min(budget, tokens - offset)
         seconds += cost.step_seconds(0, 0, take, take * (offset + take / 2), offset, 1)

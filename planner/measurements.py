@@ -7,9 +7,12 @@ Each measurement is what a source published (URL, GPU, model, dtype, engine vers
 concurrency, lengths, the statistic), predicted with the advisor's own per-step model
 (planner/performance.py ``StepCost.step_seconds``), so the figures fitted here are the ones the advisor
 predicts with. Per family the fit is least squares on the log of predicted over measured, over the
-family's three figures (prefill MFU, share of memory bandwidth, per-step cost) in log space, with a
-weak pull towards the assumed figure (planner/performance.py ``ASSUMED_EFFICIENCY``) so that a
-figure no measurement moves stays the assumed one and is reported as assumed. Measurements flagged
+family's figures (prefill MFU, share of memory bandwidth, per-step cost, the front end's per-token
+cost) in log space, with a weak pull towards the assumed figure (planner/performance.py
+``ASSUMED_EFFICIENCY``; none for the per-token cost, whose assumption is only "negligible") so that a
+figure no measurement moves stays the assumed one and is reported as assumed. The per-token cost is
+the structure `make plan-local` checked on the local servers (planner/simulate.py): a front end that
+passes one token at a time paces every stream at high concurrency. Measurements flagged
 ``held_out`` are left out of the fit and predicted with its result: their error is what the fit is
 worth on a run it has not seen. A family with no measurement here keeps its assumed figures.
 """
@@ -51,7 +54,12 @@ PRIOR_WEIGHT = 0.1
 # No share above the datasheet. Hopper's decode fit reaches that bound: the step model streams the
 # whole 16 GB of Llama-3.1-8B each step, embedding table included (1 GB of it, which vLLM only looks
 # up), so the fitted share carries that 7 % besides what the HBM reaches.
-BOUNDS = {"prefill_mfu": (0.05, 1.0), "decode_bandwidth": (0.05, 1.0), "step_overhead_s": (1e-4, 0.05)}
+BOUNDS = {
+    "prefill_mfu": (0.05, 1.0),
+    "decode_bandwidth": (0.05, 1.0),
+    "step_overhead_s": (1e-4, 0.05),
+    "token_overhead_s": (1e-6, 0.01),
+}
 # A figure whose fitted measurements move by less than this (in log of the prediction, per log of
 # the figure, summed in squares) is not measured by them: reported as assumed.
 MEASURED_SENSITIVITY = 1e-3
@@ -152,9 +160,42 @@ MEASUREMENTS: list[Measurement] = [
         statistic="median TPOT (tpot_p50_ms), 6.59 ms",
         value=6.59,
         role=HELD_OUT,
-        assumptions="as at concurrency 1; the page's concurrency 16 and 64 rows are left out: their TPOT "
-        "(10.9 and 46.9 ms) grows far faster than any batch of short sequences costs on an H100, which "
-        "points at the client or the scheduler, not the GPU",
+        assumptions="as at concurrency 1",
+    ),
+    Measurement(
+        key="h100-tpot-c16",
+        source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
+        gpu=_catalog("H100"),
+        tp=1,
+        model=LLAMA_8B,
+        dtype="fp16",
+        engine="vLLM 0.21.0",
+        kind="tpot",
+        concurrency=16,
+        prompt_tokens=215,
+        output_tokens=198,
+        statistic="median TPOT (tpot_p50_ms), 10.9 ms",
+        value=10.9,
+        assumptions="as at concurrency 1; the TPOT grows far faster than a batch of 16 short sequences costs "
+        "on an H100: 16 streams through one API server, whose per-token cost (and the benchmark client's, "
+        "on the same host) paces every stream, 16 × that cost per token",
+    ),
+    Measurement(
+        key="h100-tpot-c64",
+        source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
+        gpu=_catalog("H100"),
+        tp=1,
+        model=LLAMA_8B,
+        dtype="fp16",
+        engine="vLLM 0.21.0",
+        kind="tpot",
+        concurrency=64,
+        prompt_tokens=215,
+        output_tokens=198,
+        statistic="median TPOT (tpot_p50_ms), 46.9 ms",
+        value=46.9,
+        role=HELD_OUT,
+        assumptions="as at concurrency 16: the per-token cost fitted there, four times the streams",
     ),
     Measurement(
         key="h100-latency-b8",
@@ -351,10 +392,12 @@ def predict(m: Measurement, efficiency: Efficiency) -> float:
     if m.kind == "tpot":
         # c clients in a closed loop: every step a token for each of the c sequences at their mean
         # context, and on average the prompt chunks of the others' next requests, one prompt per
-        # client per output length.
+        # client per output length. The front end passes one token at a time: each stream's next
+        # token waits for the other c - 1 streams' (planner/simulate.py), so a stream gets a token
+        # no faster than every c tokens of the front end.
         chunk = (c - 1) * p / o
         step = cost.step_seconds(c, c * (p + o / 2), chunk, chunk * p / 2, 0, chunk / p)
-        return step * 1e3
+        return max(step, c * efficiency.token_overhead_s) * 1e3
     if m.kind == "latency":
         seconds = _prefill_seconds(cost, c, p, m.token_budget)
         for generated in range(1, int(o)):
@@ -372,7 +415,11 @@ def predict(m: Measurement, efficiency: Efficiency) -> float:
 
 # The fit --------------------------------------------------------------------------------------------
 
-FIGURES = ("prefill_mfu", "decode_bandwidth", "step_overhead_s")
+FIGURES = ("prefill_mfu", "decode_bandwidth", "step_overhead_s", "token_overhead_s")
+# The figures pulled towards an assumption. The front end's per-token cost is not: its assumed figure
+# is "too small to matter" (planner/performance.py ASSUMED_TOKEN_OVERHEAD_S), not an estimate a
+# measurement should be weighed against, so where a run measures it the run alone decides it.
+PULLED = ("prefill_mfu", "decode_bandwidth", "step_overhead_s")
 
 
 def _with(efficiency: Efficiency, logs: dict[str, float]) -> Efficiency:
@@ -386,7 +433,7 @@ def _residuals(measurements: list[Measurement], efficiency: Efficiency) -> list[
 
 def objective(measurements: list[Measurement], efficiency: Efficiency, prior: Efficiency) -> float:
     data = sum(r * r for r in _residuals(measurements, efficiency))
-    pull = sum((PRIOR_WEIGHT * math.log(getattr(efficiency, f) / getattr(prior, f))) ** 2 for f in FIGURES)
+    pull = sum((PRIOR_WEIGHT * math.log(getattr(efficiency, f) / getattr(prior, f))) ** 2 for f in PULLED)
     return data + pull
 
 
@@ -550,8 +597,8 @@ def family_efficiencies() -> dict[str, Efficiency]:
 
 def render(rows: bool = False) -> str:
     lines = [
-        "| family | prefill MFU | decode bandwidth | per-step cost | measurements (fitted + held out + reference) | sources | held-out error |",
-        "|---|---|---|---|---|---|---|",
+        "| family | prefill MFU | decode bandwidth | per-step cost | front end per token | measurements (fitted + held out + reference) | sources | held-out error |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for family, f in fits().items():
 
@@ -566,6 +613,7 @@ def render(rows: bool = False) -> str:
             f"| {figure('prefill_mfu', f'{e.prefill_mfu:.2f}')} "
             f"| {figure('decode_bandwidth', f'{e.decode_bandwidth:.2f}')} "
             f"| {figure('step_overhead_s', f'{e.step_overhead_s * 1e3:.1f} ms')} "
+            f"| {figure('token_overhead_s', f'{e.token_overhead_s * 1e3:.3g} ms')} "
             f"| {len(f.fitted)} + {len(f.held_out)} + {len(f.reference)} | {len(f.sources)} "
             f"| {'none held out' if held is None else f'{held:.0%}'} |"
         )

@@ -28,6 +28,11 @@ class Efficiency:
     step_overhead_s: float  # per engine step, whatever its size
     request_overhead_s: float  # per request: HTTP, Serve's hops, tokenizing, detokenizing
     source: str
+    # The front end's CPU per streamed token, in the process each token of a replica's streams passes
+    # (detokenizing, an SSE chunk): a replica streams at most one token per this many seconds, and a
+    # stream's next token waits for the others' (planner/simulate.py). ASSUMED_TOKEN_OVERHEAD_S unless
+    # a family's measurements at high concurrency fit it (planner/measurements.py).
+    token_overhead_s: float = 0.0
 
 
 # The figures assumed before anything measured them, and still where nothing does: the prior of the
@@ -37,11 +42,24 @@ class Efficiency:
 # Hopper's prefill from Dynamo's profile of Llama-3.1-8B on H200 (40k tokens/s at 3k prompts, about
 # 0.34 of FP8 peak, so higher at BF16's lower peak). The per-step and per-request costs are vLLM's
 # scheduler and Ray Serve's hops, a few milliseconds each: estimates, which is what calibration is for.
+# The per-token front-end cost where nothing measures it: negligible (a cap of 100,000 tokens/s per
+# replica), so that no answer rests on a cap nobody measured.
+ASSUMED_TOKEN_OVERHEAD_S = 1e-5
 ASSUMED_EFFICIENCY: dict[str, Efficiency] = {
-    "Ada": Efficiency(0.60, 0.80, 0.004, 0.008, "assumed: L40S serving data; arXiv 2605.30571 (L4 decode)"),
-    "Ampere": Efficiency(0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate"),
-    "Ampere GA102": Efficiency(0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate"),
-    "Hopper": Efficiency(0.45, 0.60, 0.003, 0.008, "assumed: Dynamo's H200 prefill profile; arXiv 2605.30571"),
+    "Ada": Efficiency(
+        0.60, 0.80, 0.004, 0.008, "assumed: L40S serving data; arXiv 2605.30571 (L4 decode)", ASSUMED_TOKEN_OVERHEAD_S
+    ),
+    "Ampere": Efficiency(
+        0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate", ASSUMED_TOKEN_OVERHEAD_S
+    ),
+    "Ampere GA102": Efficiency(
+        0.55, 0.75, 0.004, 0.008, "assumed: estimate between Ada and Hopper; calibrate", ASSUMED_TOKEN_OVERHEAD_S
+    ),
+    "Hopper": Efficiency(
+        0.45, 0.60, 0.003, 0.008, "assumed: Dynamo's H200 prefill profile; arXiv 2605.30571", ASSUMED_TOKEN_OVERHEAD_S
+    ),
+    # The local servers' front end shares the CPU with the engines: planner/local_check.py models it
+    # as a shared host from what each process spent (bench/host_cpu.py), not as this figure.
     "CPU": Efficiency(0.05, 0.30, 0.010, 0.030, "nominal; a CPU run is only meaningful calibrated"),
 }
 # A family shares a memory system as well as an architecture, since the bandwidth share a decode step
@@ -79,6 +97,7 @@ def efficiency_of(gpu: GpuFacts) -> Efficiency:
         decode_bandwidth=min(e.decode_bandwidth for e in families),
         step_overhead_s=max(e.step_overhead_s for e in families),
         request_overhead_s=max(e.request_overhead_s for e in families),
+        token_overhead_s=max(e.token_overhead_s for e in families),
         source=(
             f"assumed: nothing measured on the {gpu.model} GPU, so the least any GPU family here reaches; "
             "`make bench-compare` on one node of each group, then `make plan CALIBRATION=results/<date>`, "

@@ -12,7 +12,10 @@ link, all of it once the prefill is done (vLLM's NIXL connector) or chunk by chu
 computed (SGLang's P/D: ``Link.per_chunk``), and decode's first step on the request gives its first
 token. With selective P/D a prompt whose uncached remainder is shorter than the threshold, and at
 most the local prefill cap, is prefilled by decode itself (serve_app/selective.py's choice).
-Requests go to the replica with the fewest in flight.
+Requests go to the replica with the fewest in flight. Each token reaches its client through the
+front end, one token at a time per process (its per-token cost: a replica's streams wait for each
+other there at high concurrency); on a host whose cores the engines share with that front end (the
+local servers: ``SharedHost``) every process's work is shared out over those cores.
 
 Prefix hits (``Workload.prefix_hit_share``): that share of each prompt, in whole KV blocks, is already
 in the cache of the engine that prefills it, so only the rest is computed (vLLM's prefix caching,
@@ -29,6 +32,7 @@ import itertools
 import random
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.core import KV_BLOCK_TOKENS
@@ -52,6 +56,9 @@ class Workload:
     seed: int = 0
     # The share of each prompt found in the prefix cache (a conversation's history, a shared context).
     prefix_hit_share: float = 0.0
+    # The share of requests at the start left out of the numbers: a steady state's (WARMUP_SHARE), or 0
+    # for a benchmark's, which counts every request, its first burst and its last stragglers too.
+    warmup_share: float = WARMUP_SHARE
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -120,6 +127,93 @@ class EngineSpec:
     mixed_batches: bool = True
 
 
+@dataclass(frozen=True)
+class SharedHost:
+    """The CPU cores that the engines and the serving front end share, where they share any: on the
+    local servers (`make local`) vLLM's engine processes, each Serve replica (the engine's server, the
+    ingress), Ray Serve's HTTP proxy and the benchmark's client are processes of one small machine.
+    Each process runs its own work in order (an engine its steps, a front-end stage the requests and
+    streamed tokens passing it), and the processes with work to do share the cores equally, so a busy
+    front end slows the engines' steps and a second engine slows the first. On a GPU node there is no
+    such host: the engines run on their GPUs, each decode replica's front end on cores nothing else
+    needs (``Efficiency.token_overhead_s``), and each request's fixed cost is a delay."""
+
+    cores: float
+    # The front-end processes a request and each of its tokens pass, in order from the engine out, each
+    # as its CPU for one streamed token (detokenizing, a Serve handle's hop, an SSE chunk, the client's
+    # parsing of it).
+    token_seconds: tuple[float, ...]
+    # The cores an engine uses while it steps: vLLM's EngineCore schedules the next step while its
+    # Worker runs this one, so an engine is two processes, busy together part of the time.
+    engine_cores: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.cores <= 0 or not self.token_seconds or min(self.token_seconds) < 0 or self.engine_cores < 1:
+            raise ValueError(f"{self} has no cores, no front-end stage or a negative cost")
+
+
+class _ProcessorSharing:
+    """Work queued per process on a :class:`SharedHost`'s cores: each process runs its first job. A
+    process has threads (``weight``) and uses up to ``need`` cores at full speed; the running ones share
+    the cores as Linux shares them among runnable threads, each thread alike, none given more than its
+    process needs (water-filling), and a process runs at its cores over its need."""
+
+    def __init__(self, cores: float, wake: Callable[[float, int], None]) -> None:
+        self.cores, self.wake = cores, wake
+        self.queues: dict[object, deque[list]] = {}  # process -> [[work left, job], …]
+        self.shape: dict[object, tuple[float, float]] = {}  # process -> (weight, need)
+        self.clock = 0.0
+        self.version = 0  # the wake-up pushed last; an older one finds nothing done
+
+    def _speeds(self) -> dict[object, float]:
+        running = [process for process, queue in self.queues.items() if queue]
+        speeds: dict[object, float] = {}
+        left, pending = self.cores, sorted(running, key=lambda p: self.shape[p][1] / self.shape[p][0])
+        while pending:
+            weights = sum(self.shape[p][0] for p in pending)
+            per_weight = left / weights
+            process = pending[0]
+            weight, need = self.shape[process]
+            if need <= weight * per_weight:
+                speeds[process] = 1.0
+                left -= need
+                pending.pop(0)
+                continue
+            for process in pending:
+                weight, need = self.shape[process]
+                speeds[process] = weight * per_weight / need
+            break
+        return speeds
+
+    def _advance(self, now: float) -> None:
+        for process, speed in self._speeds().items():
+            self.queues[process][0][0] -= (now - self.clock) * speed
+        self.clock = now
+
+    def _schedule(self, now: float) -> None:
+        self.version += 1
+        speeds = self._speeds()
+        if speeds:
+            at = min(max(self.queues[p][0][0], 0.0) / speed for p, speed in speeds.items())
+            self.wake(now + at, self.version)
+
+    def submit(
+        self, now: float, process: object, seconds: float, job: tuple, weight: float = 1.0, need: float = 1.0
+    ) -> None:
+        self._advance(now)
+        self.queues.setdefault(process, deque()).append([seconds, job])
+        self.shape[process] = (weight, need)
+        self._schedule(now)
+
+    def finished(self, now: float, version: int) -> list[tuple]:
+        if version != self.version:
+            return []
+        self._advance(now)
+        done = [queue.popleft()[1] for queue in self.queues.values() if queue and queue[0][0] <= 1e-12]
+        self._schedule(now)
+        return done
+
+
 class Engine:
     def __init__(self, spec: EngineSpec, role: str) -> None:
         self.spec, self.role = spec, role  # role: colocated, prefill or decode
@@ -183,16 +277,14 @@ class Engine:
             )
         return seconds
 
-    def finish_step(self, now: float) -> tuple[list[Request], list[Request]]:
-        """(requests done here, prefills done here that go on to decode)."""
+    def finish_step(self, now: float) -> tuple[list[Request], list[Request], list[Request]]:
+        """(requests done here, prefills done here that go on to decode, requests given a token). The
+        caller stamps each token: when the step ends, or when the front end has passed it."""
         decoding, chunks = self.batch
         self.busy, self.batch = False, ([], [])
-        finished, handed_off = [], []
+        finished, handed_off, emitted = [], [], []
         for request in decoding:
-            request.generated += 1
-            request.token_times.append(now)
-            if request.generated >= request.output:
-                finished.append(request)
+            emitted.append(request)
         for request, take in chunks:
             request.prefilled += take
             if request.prefilled < request.prompt:
@@ -200,15 +292,16 @@ class Engine:
             if self.role == "prefill":
                 handed_off.append(request)
             else:
-                request.generated += 1
-                request.token_times.append(now)
-                if request.generated >= request.output:
-                    finished.append(request)
+                emitted.append(request)
+        for request in emitted:
+            request.generated += 1
+            if request.generated >= request.output:
+                finished.append(request)
         for request in finished + handed_off:
             self.running.remove(request)
             if self.role != "prefill":
                 self.kv_used -= self.kv_need(request)
-        return finished, handed_off
+        return finished, handed_off, emitted
 
 
 # The statistics `vllm bench serve` reports for each latency, under its own names
@@ -277,10 +370,13 @@ def simulate(
     min_prompt_tokens: int = 0,
     request_overhead_s: float | None = None,
     local_prefill_cap: int | None = None,
+    host: SharedHost | None = None,
 ) -> Outcome:
     """Colocated (``colocated=(spec, replicas)``) or P/D (``prefill``, ``decode``, ``link``).
     ``request_overhead_s``: each request's fixed cost outside the engines (default: the decode engine's
-    device efficiency's), half before its arrival at an engine and half after its last token.
+    device efficiency's), half before its arrival at an engine and half after its last token; on a
+    ``host`` it is front-end work instead, half on the way in and half with the first token on the way
+    out, spread over the stages.
     ``local_prefill_cap``: serving.pd_max_local_prefill_tokens, the most of a prompt decode prefills by
     the threshold's choice (None: no cap)."""
     local_limit = local_prefill_limit(min_prompt_tokens, local_prefill_cap)
@@ -302,13 +398,39 @@ def simulate(
     def push(at: float, kind: str, payload: object) -> None:
         heapq.heappush(events, (at, next(counter), kind, payload))
 
+    # The front end's stages, from the engine out, each a process; a token passes each in turn. On a
+    # shared host the engines' steps run on its cores too, one set of stages serves every replica, and
+    # the requests' fixed cost is work in them. Elsewhere each decode replica's streams pass a stage of
+    # their own (its server's output processing), on cores nothing else needs, and the fixed cost is a
+    # delay.
+    token_seconds = host.token_seconds if host else ()
+    shared = host is not None
+    cpu = _ProcessorSharing(host.cores, lambda at, version: push(at, "cpu", version)) if host else None
+    stage_share = overhead / 2 / len(token_seconds) if shared else 0.0
+    # Elsewhere one stage per decode replica, alone on its cores: a FIFO whose tokens leave at once
+    # computed, each when the one before it has and its own cost later.
+    replica_token_s = 0.0 if shared else decodes[0].spec.cost.device.efficiency.token_overhead_s
+    replica_free_at: dict[Engine, float] = {}
+
+    def stage(index: int) -> tuple:
+        return ("front-end stage", index)
+
     def least_loaded(pool: list[Engine]) -> Engine:
         return min(pool, key=Engine.in_flight)
 
     def kick(engine: Engine, now: float) -> None:
         if not engine.busy:
             seconds = engine.start_step()
-            if seconds is not None:
+            if seconds is None:
+                return
+            if shared:
+                assert cpu is not None and host is not None
+                # Two processes (EngineCore, its Worker) using engine_cores between them. A step costs what
+                # it took with the engine alone on this host (calibration measures it so), at whatever
+                # share of its need the host's cores then gave it.
+                alone = min(1.0, host.cores / host.engine_cores)
+                cpu.submit(now, engine, seconds * alone, ("step", engine), weight=2.0, need=host.engine_cores)
+            else:
                 push(now + seconds, "step", engine)
 
     requests: list[Request] = []
@@ -319,7 +441,70 @@ def simulate(
         cached = workload.cached_tokens(prompt)
         request = Request(index, prompt, output, now, cached=cached, prefilled=cached)
         requests.append(request)
-        push(now + overhead / 2, "arrive", request)
+        if shared:
+            assert cpu is not None
+            last = len(token_seconds) - 1
+            cpu.submit(now, stage(last), stage_share, ("in", request, last))
+        else:
+            push(now + overhead / 2, "arrive", request)
+
+    def done(request: Request, at: float) -> None:
+        request.done_at = at
+        if workload.concurrency is not None and len(requests) < workload.requests:
+            issue(at)
+
+    def arrive(request: Request, now: float) -> None:
+        local = not prefills or request.prompt - request.cached < local_limit
+        target = least_loaded(decodes if local else prefills)
+        request.prefill_here = local
+        target.waiting.append(request)
+        kick(target, now)
+
+    def step_done(engine: Engine, now: float) -> None:
+        computed = engine.batch[1]
+        finished, handed_off, emitted = engine.finish_step(now)
+        kv_bytes = engine.spec.cost.kv_bytes_per_token
+        if link is not None and link.per_chunk and engine.role == "prefill":
+            for request, tokens in computed:
+                request.kv_bytes_moved += tokens * kv_bytes
+                engine.sending_until = max(now, engine.sending_until) + link.moving_seconds(tokens * kv_bytes)
+                if request.prefilled >= request.prompt:
+                    push(engine.sending_until + link.fixed_s, "kv", (request, engine))
+        else:
+            for request in handed_off:
+                assert link is not None
+                request.kv_bytes_moved = (request.prompt - request.cached) * kv_bytes
+                push(now + link.seconds(request.kv_bytes_moved), "kv", (request, engine))
+        for request in emitted:
+            if cpu is not None:
+                first = stage_share if request.generated == 1 else 0.0
+                cpu.submit(now, stage(0), token_seconds[0] + first, ("out", request, 0, first))
+                continue
+            passed = now
+            if replica_token_s > 0:
+                passed = replica_free_at[engine] = max(now, replica_free_at.get(engine, 0.0)) + replica_token_s
+            request.token_times.append(passed)
+            if request.generated >= request.output:
+                done(request, passed + overhead / 2)
+        kick(engine, now)
+
+    def front_end_passed(job: tuple, now: float) -> None:
+        assert cpu is not None
+        if job[0] == "in":
+            _, request, index = job
+            if index:
+                cpu.submit(now, stage(index - 1), stage_share, ("in", request, index - 1))
+            else:
+                arrive(request, now)
+            return
+        _, request, index, first = job
+        if index + 1 < len(token_seconds):
+            work = token_seconds[index + 1] + first
+            cpu.submit(now, stage(index + 1), work, ("out", request, index + 1, first))
+            return
+        request.token_times.append(now)
+        if len(request.token_times) == request.output:
+            done(request, now)
 
     horizon = HORIZON_S
     if workload.rate is not None:
@@ -340,11 +525,7 @@ def simulate(
             break
         if kind == "arrive":
             assert isinstance(payload, Request)
-            local = not prefills or payload.prompt - payload.cached < local_limit
-            target = least_loaded(decodes if local else prefills)
-            payload.prefill_here = local
-            target.waiting.append(payload)
-            kick(target, now)
+            arrive(payload, now)
         elif kind == "kv":
             assert isinstance(payload, tuple)
             moved, source = payload
@@ -353,28 +534,18 @@ def simulate(
             target = least_loaded(decodes)
             target.waiting.append(moved)
             kick(target, now)
+        elif kind == "cpu":
+            assert cpu is not None and isinstance(payload, int)
+            for job in cpu.finished(now, payload):
+                if job[0] == "step":
+                    step_done(job[1], now)
+                else:
+                    front_end_passed(job, now)
         else:
             assert isinstance(payload, Engine)
-            engine = payload
-            computed = engine.batch[1]
-            finished, handed_off = engine.finish_step(now)
-            kv_bytes = engine.spec.cost.kv_bytes_per_token
-            if link is not None and link.per_chunk and engine.role == "prefill":
-                for request, tokens in computed:
-                    request.kv_bytes_moved += tokens * kv_bytes
-                    engine.sending_until = max(now, engine.sending_until) + link.moving_seconds(tokens * kv_bytes)
-                    if request.prefilled >= request.prompt:
-                        push(engine.sending_until + link.fixed_s, "kv", (request, engine))
-            else:
-                for request in handed_off:
-                    assert link is not None
-                    request.kv_bytes_moved = (request.prompt - request.cached) * kv_bytes
-                    push(now + link.seconds(request.kv_bytes_moved), "kv", (request, engine))
-            for request in finished:
-                request.done_at = now + overhead / 2
-                if workload.concurrency is not None and len(requests) < workload.requests:
-                    issue(request.done_at)
-            kick(engine, now)
+            step_done(payload, now)
+    if shared:
+        overhead = 0.0  # counted where it was spent, in the front end's work
     outcome = _outcome(requests, workload, slo, saturated, decodes, overhead)
     prefilled = [r for r in requests if r.prefilled >= r.prompt]
     if not prefilled:
@@ -391,7 +562,7 @@ def _outcome(
     requests: list[Request], workload: Workload, slo: Slo, saturated: bool, decodes: list[Engine], overhead: float
 ) -> Outcome:
     done = [r for r in requests if r.done_at is not None]
-    measured = done[int(len(done) * WARMUP_SHARE) :] if len(done) > 10 else done
+    measured = done[int(len(done) * workload.warmup_share) :] if len(done) > 10 else done
     if not measured:
         nan = float("nan")
         return Outcome({}, {}, nan, nan, 0.0, 0.0, 0.0, False, True, nan, 0)

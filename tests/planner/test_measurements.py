@@ -133,3 +133,34 @@ def test_the_command_has_help_and_refuses_an_unknown_flag(capsys):
         main(["--held-out"])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and err.count("\n") == 1 and "--held-out" in err
+
+
+@pytest.mark.parametrize("m", [m for m in MEASUREMENTS if m.kind == "tpot"], ids=lambda m: m.key)
+def test_the_fit_s_time_per_output_token_is_what_the_advisor_s_simulation_gives(m):
+    """The fit predicts a closed loop's TPOT in closed form (a step of every stream and the others'
+    prompt chunks, or the front end's pace, c tokens of it, whichever is slower); the advisor simulates
+    the same clients step by step, each token through the front end. The two must agree, or the fitted
+    figures would mean something else in `make plan` than in the fit."""
+    from planner.measurements import device_of, kv_capacity_tokens
+    from planner.simulate import EngineSpec, Slo, Workload, simulate
+
+    efficiency = fits()[m.family].efficiency
+    spec = EngineSpec(StepCost.of(m.model, device_of(m, efficiency)), int(kv_capacity_tokens(m)), 256, m.token_budget)
+    workload = Workload(
+        round(m.prompt_tokens), round(m.output_tokens), concurrency=m.concurrency, requests=4 * m.concurrency + 40
+    )
+    simulated = simulate(workload, Slo(1e9, 1e9), colocated=(spec, 1)).latency_ms["median_tpot_ms"]
+    assert simulated == pytest.approx(predict(m, efficiency), rel=0.05)
+
+
+def test_the_front_end_s_pace_is_fitted_where_a_run_at_high_concurrency_measures_it_and_negligible_elsewhere():
+    from planner.performance import ASSUMED_TOKEN_OVERHEAD_S
+
+    hopper = fits()["Hopper"]
+    assert hopper.status("token_overhead_s") == "measured"
+    # 16 streams at 10.9 ms a token: the front end passes a token every 0.68 ms.
+    assert hopper.efficiency.token_overhead_s == pytest.approx(10.9e-3 / 16, rel=0.02)
+    for family, f in fits().items():
+        if family != "Hopper":
+            assert f.status("token_overhead_s") == "assumed"
+            assert f.efficiency.token_overhead_s == ASSUMED_TOKEN_OVERHEAD_S
