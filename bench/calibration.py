@@ -5,13 +5,16 @@
   which is prefill and the fixed costs around it, with no queue; ``ttft_probe_samples``: how many
   requests each median is of (the fit refuses a size with too few);
 - ``rows``: per mode and concurrency, the workload's TTFT, TPOT and ITL (mean, median, p90, p95, p99,
-  under `vllm bench serve`'s names: mean_ttft_ms, median_itl_ms, …) and output tokens/s.
+  under `vllm bench serve`'s names: mean_ttft_ms, median_itl_ms, …) and output tokens/s; for a local
+  server also ``host_cpu``, the CPU seconds each of its process roles and the client spent in the
+  level and its wall time (bench/host_cpu.py), with ``host_cores``, the cores they shared.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 FILE_NAME = "calibration.json"
@@ -48,10 +51,14 @@ def write_calibration(
                 # `vllm bench serve`'s own names, which the advisor's --json uses too.
                 **r.latency_ms,
                 "output_tokens_per_s": r.output_throughput,
+                **({"host_cpu": r.host_cpu} if r.host_cpu else {}),
             }
             for r in rows
         ],
     }
+    if any(r.host_cpu for r in rows):
+        # The cores the local servers and the client shared (planner/local_check.py models them).
+        data["host_cores"] = len(os.sched_getaffinity(0))
     path = out_dir / FILE_NAME
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -88,13 +88,14 @@ def probe_ttft(url: str, model: str, tokenizer: str, **metrics):
 
 def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = None, **kwargs):
     """The workload and the TTFT probe against a local server started for them."""
+    from bench.host_cpu import accounted
     from local.harness import LocalServer
 
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
         if kwargs["workload"].repeated:
             kwargs["counters"] = server.counters
-        rows = run_workload(url=server.base_url, **kwargs)
+        rows = run_workload(url=server.base_url, host_cpu=lambda: accounted(server.process.pid), **kwargs)
         ttft = probe_ttft(
             server.base_url,
             kwargs["model"],

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,9 @@ class Row:
     ttft_by_turn_ms: tuple[float, ...] = ()
     prefix_cache: dict[str, dict[str, float]] | None = None
     prefix_cache_note: str = ""
+    # A local server's level: the CPU seconds each of its process roles and the client spent, and the
+    # level's wall time (bench/host_cpu.py); None elsewhere.
+    host_cpu: dict[str, float] | None = None
 
 
 def row_from_result(label: str, concurrency: int, result: dict) -> Row:
@@ -345,9 +348,11 @@ def run_workload(
     label: str,
     counters: Callable[[], dict] | None = None,
     counters_note: str = "",
+    host_cpu: Callable[[], AbstractContextManager[dict[str, float]]] | None = None,
 ) -> list[Row]:
     """Each concurrency level of ``workload``; ``counters`` (a settled snapshot of the engines'
-    counters) adds each level's prefix-cache hits, else ``counters_note`` says why they are missing."""
+    counters) adds each level's prefix-cache hits, else ``counters_note`` says why they are missing;
+    ``host_cpu`` (bench/host_cpu.py's ``accounted`` for a local server) each level's CPU per process."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for concurrency in workload.concurrency:
@@ -362,9 +367,9 @@ def run_workload(
             out_dir=out_dir,
             label=label,
         )
-        with output_to(out_dir / THIRD_PARTY_LOG):
+        with output_to(out_dir / THIRD_PARTY_LOG), host_cpu() if host_cpu else nullcontext({}) as spent:
             result = run_conversations(**shape) if workload.turns > 1 else run_one(bench_args(**shape))
-        row = row_from_result(label, concurrency, result)
+        row = replace(row_from_result(label, concurrency, result), host_cpu=dict(spent) if host_cpu else None)
         print(
             f"[bench] {label}: {row.completed} ok, {row.failed} failed, {row.request_throughput:.2f} req/s", flush=True
         )

@@ -1,0 +1,60 @@
+"""bench/host_cpu.py: what each process of a local server spent, by the role its title names.
+
+The processes here are real ones titled as Ray and vLLM title theirs (``exec -a`` sets the title a
+process shows in /proc, as Ray's and vLLM's setproctitle do), one of them spinning on the CPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from bench.host_cpu import CLIENT, accounted, role
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+
+DECODE_REPLICA = "ray::ServeReplica:llm:Decode:tiny-llama"
+# A Serve replica, the vLLM engine under it and its worker, the first spinning for a few seconds.
+TREE = f"""
+exec -a {DECODE_REPLICA}.handle_request bash -c '
+  (exec -a VLLM::EngineCore bash -c "(exec -a VLLM::Worker sleep 30) & wait") &
+  end=$((SECONDS + 4)); while [ $SECONDS -lt $end ]; do :; done
+  wait'
+"""
+
+
+@pytest.fixture
+def server():
+    process = subprocess.Popen(["bash", "-c", TREE], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_members(process.pid)) < 3:
+        time.sleep(0.05)
+    yield process
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+def _members(session: int) -> list[int]:
+    from local.lifecycle import session_members
+
+    return session_members(session)
+
+
+def test_a_role_is_the_title_less_the_method_and_vllm_s_processes_say_whose_they_are(server):
+    roles = {role(pid) for pid in _members(server.pid)}
+    replica = "ServeReplica:llm:Decode:tiny-llama"
+    assert {replica, f"EngineCore of {replica}", f"Worker of EngineCore of {replica}"} <= roles
+
+
+def test_each_role_is_charged_the_cpu_its_processes_spent_in_the_block(server):
+    with accounted(server.pid) as spent:
+        time.sleep(0.8)
+    replica = "ServeReplica:llm:Decode:tiny-llama"
+    # The replica spins through the block; the engine and its worker sleep.
+    assert spent[replica] >= 0.3
+    assert spent[f"Worker of EngineCore of {replica}"] < 0.05
+    assert spent[CLIENT] < 0.3  # this process slept
+    assert 0.75 <= spent["wall_s"] < 2
