@@ -9,8 +9,10 @@ model of config/local.yaml, one engine per phase in P/D and one colocated engine
 per-token prefill and per-step decode costs from the fit of ``python -m planner.calibration
 --local`` (the median TTFT probe of every run, fitted on the sizes P/D prefills remotely; the ITL
 at concurrency 1), its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, ``max_num_seqs`` and the token
-budget from the spec. The advisor's simulation (planner/simulate.py) then serves each workload at
-each measured concurrency in both modes.
+budget from the spec, and the machine the engines share with Ray Serve's processes and the client
+(:func:`hosts_of`: its cores and each front-end process's CPU per streamed token, from what each
+process spent in each level, bench/host_cpu.py). The advisor's simulation (planner/simulate.py)
+then serves each workload at each measured concurrency in both modes, as `vllm bench serve` ran it.
 
 For every figure (TTFT mean and p95, mean ITL, output tokens/s) the report gives the measured median
 (and the runs' range), the prediction and its error; a prediction is *within* when its error is
@@ -25,7 +27,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +44,16 @@ from planner.calibration import (
 )
 from planner.errors import PlanningError
 from planner.performance import Link, StepCost
-from planner.simulate import EngineSpec, Outcome, Slo, Workload, simulate
+from planner.simulate import EngineSpec, Outcome, SharedHost, Slo, Workload, simulate
 
 FIGURES = ("mean_ttft_ms", "p95_ttft_ms", "mean_itl_ms", "output_tokens_per_s")
 # A prediction inside this relative error of the measured median is within.
 TOLERANCE = 0.30
-# Simulated requests per level: enough that the prediction's own noise is small beside the tolerance.
-SIMULATED_REQUESTS = 400
+# Each level is simulated as `vllm bench serve` ran it: its prompts, every request counted (the first
+# burst of ``concurrency`` at once, the last stragglers), once per seed, each seed a draw of the
+# prompts' lengths as each run was one; the prediction is the seeds' median, as the measurement is the
+# runs'.
+SEEDS = tuple(range(5))
 # Each direction's figure: P/D is better when the ratio P/D over colocated is below 1 (latencies) or
 # above it (throughput).
 HIGHER_IS_BETTER = {"output_tokens_per_s"}
@@ -58,7 +63,9 @@ NO_SLO = Slo(ttft_ms=1e9, itl_ms=1e9, percentile=50)
 @dataclass(frozen=True)
 class LocalPair:
     """The local servers as the advisor sees them: each phase one engine of ``cost`` (P/D: prefill and
-    decode, each on a core of its own; colocated: one engine), the KV link between P/D's engines."""
+    decode; colocated: one engine), the KV link between P/D's engines, and per mode the machine they
+    share with Ray Serve's processes and the benchmark's client (``hosts``; None: every process as if
+    on a core of its own)."""
 
     cost: StepCost
     kv_capacity_tokens: int
@@ -66,14 +73,16 @@ class LocalPair:
     token_budget: int
     link: Link
     pd_min_prompt_tokens: int
+    hosts: dict[str, SharedHost] | None = None
 
     def engine(self) -> EngineSpec:
         return EngineSpec(self.cost, self.kv_capacity_tokens, self.max_num_seqs, self.token_budget)
 
     def serve(self, mode: str, workload: Workload) -> Outcome:
         engine = self.engine()
+        host = self.hosts.get(mode) if self.hosts else None
         if mode == "colocated":
-            return simulate(workload, NO_SLO, colocated=(engine, 1))
+            return simulate(workload, NO_SLO, colocated=(engine, 1), host=host)
         return simulate(
             workload,
             NO_SLO,
@@ -81,11 +90,12 @@ class LocalPair:
             decode=(engine, 1),
             link=self.link,
             min_prompt_tokens=self.pd_min_prompt_tokens,
+            host=host,
         )
 
 
-def local_pair(fitted: Fit) -> LocalPair:
-    """The pair of config/local.yaml with ``fitted``'s efficiencies and link."""
+def local_pair(fitted: Fit, hosts: dict[str, SharedHost] | None = None) -> LocalPair:
+    """The pair of config/local.yaml with ``fitted``'s efficiencies and link, on ``hosts``."""
     from serve_app.spec import load_spec
 
     spec = load_spec(str(Path(__file__).resolve().parent.parent / "config" / "local.yaml"))
@@ -101,6 +111,7 @@ def local_pair(fitted: Fit) -> LocalPair:
         token_budget=budget,
         link=fitted.link,
         pd_min_prompt_tokens=spec.pd_min_prompt_tokens,
+        hosts=hosts,
     )
 
 
@@ -110,6 +121,7 @@ class Run:
     input_len: int
     output_len: int
     range_ratio: float
+    num_prompts: int
     data: dict[str, Any]
 
 
@@ -120,7 +132,7 @@ def runs_of(paths: list[str]) -> list[Run]:
         with in_file(path):
             data = load(path, model_id=model)
         workload = data.get("workload") or {}
-        if not {"name", "input_len", "output_len", "range_ratio"} <= set(workload):
+        if not {"name", "input_len", "output_len", "range_ratio", "num_prompts"} <= set(workload):
             raise PlanningError(
                 f"{path}: its calibration.json names no workload spread (name, range_ratio): run `make bench-compare "
                 "LOCAL=1` again"
@@ -128,7 +140,16 @@ def runs_of(paths: list[str]) -> list[Run]:
         modes = {row.get("mode") for row in data.get("rows", [])}
         if not set(MODES) <= modes:
             raise PlanningError(f"{path}: no rows of both modes: give a `make bench-compare LOCAL=1` run")
-        runs.append(Run(workload["name"], workload["input_len"], workload["output_len"], workload["range_ratio"], data))
+        runs.append(
+            Run(
+                workload["name"],
+                workload["input_len"],
+                workload["output_len"],
+                workload["range_ratio"],
+                workload["num_prompts"],
+                data,
+            )
+        )
     return runs
 
 
@@ -163,6 +184,108 @@ def median_probe_fit(runs: list[Run]) -> Fit:
     return fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on=(sizes[-2], sizes[-1]))
 
 
+# bench/host_cpu.py's roles on a streamed token's way out, after the replica whose engine made it:
+# Serve's ingress, Serve's HTTP proxy, and the benchmark's client parsing it.
+INGRESS, PROXY, CLIENT = "Ingress", "ProxyActor", "client"
+# The deployment whose engine streams in P/D (Ray's P/D builder's name for it).
+DECODE_DEPLOYMENT = ":Decode"
+
+
+def token_path(roles: list[str], mode: str) -> list[str]:
+    """The roles a streamed token passes, from the engine out; a role missing from a run is refused."""
+    owners = sorted({role.split(" of ")[-1] for role in roles if role.startswith("EngineCore of ")})
+    streaming = [o for o in owners if mode == "colocated" or DECODE_DEPLOYMENT in o]
+    ingress = sorted(role for role in roles if role.startswith("ServeReplica") and INGRESS in role)
+    path = [*streaming[:1], *ingress[:1], *([PROXY] if PROXY in roles else []), *([CLIENT] if CLIENT in roles else [])]
+    if len(path) != 4:
+        raise PlanningError(
+            f"the {mode} runs' host_cpu lacks one of the engine's server, the ingress, {PROXY} and {CLIENT} "
+            f"(it has {', '.join(roles)}): run `make bench-compare LOCAL=1` again"
+        )
+    return path
+
+
+def hosts_of(runs: list[Run], fitted: Fit) -> dict[str, SharedHost] | None:
+    """Per mode, the machine the runs shared (None if a run did not record what each process spent).
+
+    Each process's CPU over a level is taken as a cost per streamed token plus a rate per second it ran
+    (what it spends idle: Ray's health checks and metrics, Serve's polling), fitted by least squares over
+    every level of every run, after its share of each request's fixed cost, which the model spends
+    there per request. A stage of the token's way runs at its cost per token; the cores left for the
+    engines and the stages are the machine's less every process's rate and the per-level CPU of the
+    processes off the token's way (Ray's own, Serve's controller, P/D's prefill server). The client's
+    first level of a run is left out of its fit: it also loads the benchmark's code and tokenizer."""
+    if not all("host_cores" in run.data for run in runs):
+        return None
+    hosts = {}
+    for mode in MODES:
+        rows = [(run, index, row) for run in runs for index, row in enumerate(run.data["rows"]) if row["mode"] == mode]
+        if not rows or not all(row.get("host_cpu") for _, _, row in rows):
+            return None
+        roles = sorted({role for _, _, row in rows for role in row["host_cpu"] if role != "wall_s"})
+        path = token_path(roles, mode)
+        share = fitted.efficiency.request_overhead_s / len(path)
+        per_token, rate = {}, 0.0
+        for role in path:
+            points: list[tuple[float, float, float]] = [
+                (
+                    float(run.num_prompts * run.output_len),
+                    row["host_cpu"]["wall_s"],
+                    max(row["host_cpu"].get(role, 0.0) - run.num_prompts * share, 0.0),
+                )
+                for run, index, row in rows
+                if not (role == CLIENT and index == 0)
+            ]
+            per_token[role], role_rate = _per_token_and_per_second(points)
+            rate += role_rate
+        off_path = statistics.median(
+            sum(s for role, s in row["host_cpu"].items() if role not in path and role != "wall_s" and not _engine(role))
+            / row["host_cpu"]["wall_s"]
+            for _, _, row in rows
+        )
+        cores = statistics.median(run.data["host_cores"] for run in runs) - rate - off_path
+        hosts[mode] = SharedHost(cores, tuple(per_token[role] for role in path), _engine_cores(rows))
+    return hosts
+
+
+def _engine_cores(rows: list[tuple[Run, int, dict[str, Any]]]) -> float:
+    """The cores an engine uses while it steps: its Worker runs the whole step, its EngineCore part of it
+    (scheduling the next), so (EngineCore + Worker) over Worker, the median over levels and engines."""
+    ratios = []
+    for _, _, row in rows:
+        for role, worker in row["host_cpu"].items():
+            if role.startswith("Worker of EngineCore of ") and worker > 0:
+                core = row["host_cpu"].get(role.removeprefix("Worker of "), 0.0)
+                ratios.append((worker + core) / worker)
+    return max(statistics.median(ratios), 1.0) if ratios else 1.0
+
+
+def _per_token_and_per_second(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, b) ≥ 0 minimising Σ (cpu − a·tokens − b·seconds)² over (tokens, seconds, cpu) points."""
+    stt = sum(t * t for t, _, _ in points)
+    sww = sum(w * w for _, w, _ in points)
+    stw = sum(t * w for t, w, _ in points)
+    stc = sum(t * c for t, _, c in points)
+    swc = sum(w * c for _, w, c in points)
+    det = stt * sww - stw * stw
+    if det > 0:
+        a, b = (stc * sww - swc * stw) / det, (swc * stt - stc * stw) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    # A negative figure: the other alone, whichever fits better.
+    only_tokens, only_seconds = (max(stc / stt, 0.0), 0.0), (0.0, max(swc / sww, 0.0))
+
+    def squares(fit: tuple[float, float]) -> float:
+        return sum((c - fit[0] * t - fit[1] * w) ** 2 for t, w, c in points)
+
+    return min(only_tokens, only_seconds, key=squares)
+
+
+def _engine(role: str) -> bool:
+    """vLLM's engine processes (EngineCore, its Worker): the model runs them as the engines' steps."""
+    return " of " in role and role.split(" of ")[0] in {"EngineCore", "Worker"}
+
+
 @dataclass(frozen=True)
 class Figure:
     workload: str
@@ -185,6 +308,25 @@ class Figure:
         return abs(self.error) <= TOLERANCE
 
 
+def predicted(pair: LocalPair, mode: str, run: Run, concurrency: int) -> dict[str, float]:
+    """One level of ``run``'s workload in ``mode`` as the advisor predicts it: every statistic `vllm
+    bench serve` reports under its name (``mean_ttft_ms``, ``median_itl_ms``, …, ``output_tokens_per_s``)."""
+    by_seed = []
+    for seed in SEEDS:
+        workload = Workload(
+            run.input_len,
+            run.output_len,
+            run.range_ratio,
+            concurrency=concurrency,
+            requests=run.num_prompts,
+            seed=seed,
+            warmup_share=0.0,
+        )
+        outcome = pair.serve(mode, workload)
+        by_seed.append({**outcome.latency_ms, "output_tokens_per_s": outcome.output_tokens_per_s})
+    return {name: statistics.median(seed[name] for seed in by_seed) for name in by_seed[0]}
+
+
 def compare(runs: list[Run], pair: LocalPair) -> list[Figure]:
     measured: dict[tuple[str, str, int], dict[str, list[float]]] = {}
     shapes = {run.workload: run for run in runs}
@@ -195,13 +337,8 @@ def compare(runs: list[Run], pair: LocalPair) -> list[Figure]:
                 values.setdefault(figure, []).append(float(row[figure]))
     out: list[Figure] = []
     for (name, mode, concurrency), values in sorted(measured.items()):
-        shape = shapes[name]
-        workload = Workload(
-            shape.input_len, shape.output_len, shape.range_ratio, concurrency=concurrency, requests=SIMULATED_REQUESTS
-        )
-        outcome = pair.serve(mode, workload)
-        predicted = {**outcome.latency_ms, "output_tokens_per_s": outcome.output_tokens_per_s}
-        out.extend(Figure(name, mode, concurrency, f, values[f], predicted[f]) for f in FIGURES)
+        figures = predicted(pair, mode, shapes[name], concurrency)
+        out.extend(Figure(name, mode, concurrency, f, values[f], figures[f]) for f in FIGURES)
     return out
 
 
@@ -229,12 +366,34 @@ def directions(figures: list[Figure]) -> list[dict[str, Any]]:
     return out
 
 
-def render(figures: list[Figure], ways: list[dict[str, Any]], fitted: Fit, runs: int) -> str:
+def describe_hosts(hosts: dict[str, SharedHost] | None) -> list[str]:
+    if not hosts:
+        return ["No run recorded what each process spent: every process as if on a core of its own."]
+    lines = []
+    for mode, host in hosts.items():
+        stages = ", ".join(f"{t * 1e3:.2f}" for t in host.token_seconds)
+        lines.append(
+            f"The {mode} host: {host.cores:.2f} cores for the engines and the front end, per streamed token "
+            f"{stages} ms (the engine's server, the ingress, the HTTP proxy, the client), an engine using "
+            f"{host.engine_cores:.2f} cores while it steps"
+        )
+    return lines
+
+
+def render(
+    figures: list[Figure],
+    ways: list[dict[str, Any]],
+    fitted: Fit,
+    runs: int,
+    hosts: dict[str, SharedHost] | None = None,
+) -> str:
     e = fitted.efficiency
     lines = [
         f"The local pair, fitted on the TTFT probe's medians of {runs} run(s): prefill MFU {e.prefill_mfu:.3g} of the "
         f"nominal CPU, {e.step_overhead_s * 1e3:.2f} ms per step, {e.request_overhead_s * 1e3:.1f} ms per request, KV "
         f"link + {fitted.link.fixed_s * 1e3:.1f} ms per transfer",
+        "",
+        *(f"{line}  " for line in describe_hosts(hosts)),
         "",
         "| workload | mode | concurrency | figure | measured median (runs' range) | predicted | error |",
         "|---|---|---|---|---|---|---|",
@@ -276,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = runs_of(args.results)
         fitted = median_probe_fit(runs)
-        figures = compare(runs, local_pair(fitted))
+        hosts = hosts_of(runs, fitted)
+        figures = compare(runs, local_pair(fitted, hosts))
     except PlanningError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -286,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "fit": fitted.as_dict(),
+                    "hosts": {mode: asdict(host) for mode, host in (hosts or {}).items()},
                     "figures": [
                         {**f.__dict__, "median": f.median, "error": round(f.error, 4), "within": f.within}
                         for f in figures
@@ -296,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        print(render(figures, ways, fitted, len(runs)))
+        print(render(figures, ways, fitted, len(runs), hosts))
     return 0
 
 

@@ -14,12 +14,13 @@ import pytest
 
 from planner.calibration import single_request_ttft
 from planner.performance import Link
-from planner.simulate import Workload
+from planner.simulate import SharedHost
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.serving  # the tiny model's config.json, which local/tiny_model.py writes with torch
 
 SHAPES = {"local-long": (1792, 32, 0.1), "local-short": (128, 32, 0.1)}
+NUM_PROMPTS = 48
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,45 @@ def truth():
     return local_check.LocalPair(cost, 200_000, 8, budget, Link(4e8, None, 0.006), 32)
 
 
+@pytest.fixture(scope="module")
+def truth_on_host(truth):
+    return replace(truth, hosts=HOSTS)
+
+
+# What the local servers share, per mode: cores left by Ray's own processes, and what the engine's
+# server, the ingress, the proxy and the client each spend per streamed token.
+HOSTS = {
+    "colocated": SharedHost(1.6, (0.0004, 0.0003, 0.0005, 0.0002), engine_cores=1.6),
+    "disaggregated": SharedHost(1.5, (0.0006, 0.0003, 0.0005, 0.0002), engine_cores=1.6),
+}
+SERVER = {"colocated": "ServeReplica:llm:LLMServer:tiny-llama", "disaggregated": "ServeReplica:llm:Decode:tiny-llama"}
+PATH_AFTER_SERVER = ("ServeReplica:llm:KeyedOpenAiIngress", "ProxyActor", "client")
+HOST_CORES = 2
+
+
+def host_cpu(pair, mode: str, num_prompts: int, output_len: int, wall_s: float) -> dict[str, float]:
+    """What bench/host_cpu.py records for one level of ``pair`` on its host: each stage's CPU for the
+    level's tokens and its share of the requests' fixed cost, the engines' processes, and Ray's own."""
+    host = pair.hosts[mode]
+    share = pair.cost.device.efficiency.request_overhead_s / len(host.token_seconds)
+    path = (SERVER[mode], *PATH_AFTER_SERVER)
+    spent = {
+        role: t * num_prompts * output_len + share * num_prompts
+        for role, t in zip(path, host.token_seconds, strict=True)
+    }
+    # An engine's Worker busy half the level, its EngineCore beside it: engine_cores (1.6) between them.
+    spent[f"EngineCore of {SERVER[mode]}"] = 0.3 * wall_s
+    spent[f"Worker of EngineCore of {SERVER[mode]}"] = 0.5 * wall_s
+    if mode == "disaggregated":
+        spent["ServeReplica:llm:Prefill:tiny-llama"] = 0.1 * wall_s
+        spent["raylet"] = (HOST_CORES - host.cores - 0.1) * wall_s
+    else:
+        spent["raylet"] = (HOST_CORES - host.cores) * wall_s
+    return {**spent, "wall_s": wall_s}
+
+
 def recorded_runs(pair, tmp_path, repeats: int = 2) -> list[str]:
-    from planner.local_check import SIMULATED_REQUESTS
+    from planner.local_check import Run, predicted
 
     paths = []
     probe = {
@@ -51,16 +89,12 @@ def recorded_runs(pair, tmp_path, repeats: int = 2) -> list[str]:
         rows = []
         for mode in ("disaggregated", "colocated"):
             for concurrency in (1, 4, 8):
-                workload = Workload(input_len, output_len, spread, concurrency=concurrency, requests=SIMULATED_REQUESTS)
-                outcome = pair.serve(mode, workload)
-                rows.append(
-                    {
-                        "mode": mode,
-                        "concurrency": concurrency,
-                        **outcome.latency_ms,
-                        "output_tokens_per_s": outcome.output_tokens_per_s,
-                    }
-                )
+                shape = Run(name, input_len, output_len, spread, NUM_PROMPTS, {})
+                row = {"mode": mode, "concurrency": concurrency, **predicted(pair, mode, shape, concurrency)}
+                if pair.hosts:
+                    wall = NUM_PROMPTS * output_len / row["output_tokens_per_s"]
+                    row["host_cpu"] = host_cpu(pair, mode, NUM_PROMPTS, output_len, wall)
+                rows.append(row)
         for repeat in range(repeats):
             folder = tmp_path / f"{name}-{repeat}"
             folder.mkdir()
@@ -72,11 +106,12 @@ def recorded_runs(pair, tmp_path, repeats: int = 2) -> list[str]:
                     "input_len": input_len,
                     "output_len": output_len,
                     "range_ratio": spread,
-                    "num_prompts": 48,
+                    "num_prompts": NUM_PROMPTS,
                 },
                 "ttft_probe": probe,
                 "ttft_probe_samples": {mode: {size: 10 for size in sizes} for mode, sizes in probe.items()},
                 "rows": rows,
+                **({"host_cores": HOST_CORES} if pair.hosts else {}),
             }
             (folder / "calibration.json").write_text(json.dumps(data))
             paths.append(str(folder))
@@ -93,6 +128,43 @@ def test_the_runs_costs_are_fitted_back_from_their_probe_and_itl(truth, tmp_path
     assert fitted.link.network_bytes_per_s == pytest.approx(4e8, rel=0.01)
     pair = local_check.local_pair(fitted)
     assert (pair.max_num_seqs, pair.pd_min_prompt_tokens) == (8, 32)  # config/local.yaml's
+
+
+def test_the_shared_host_is_read_back_from_what_each_process_spent(truth_on_host, tmp_path):
+    from planner import local_check
+
+    runs = local_check.runs_of(recorded_runs(truth_on_host, tmp_path))
+    hosts = local_check.hosts_of(runs, local_check.median_probe_fit(runs))
+    for mode, host in HOSTS.items():
+        assert hosts[mode].cores == pytest.approx(host.cores, rel=1e-6)
+        assert hosts[mode].engine_cores == pytest.approx(host.engine_cores, rel=1e-6)
+        # Each stage's share of the requests' fixed cost comes off at the fitted cost (within 5 %).
+        assert hosts[mode].token_seconds == pytest.approx(host.token_seconds, rel=0.05)
+
+
+def test_without_a_shared_host_the_local_servers_are_predicted_far_off(truth_on_host, tmp_path):
+    """The model before the shared host: every process on a core of its own, no front end. The same
+    runs then miss at concurrency 8, where the two cores are what limits."""
+    from planner import local_check
+
+    runs = local_check.runs_of(recorded_runs(truth_on_host, tmp_path, repeats=1))
+    figures = local_check.compare(runs, replace(truth_on_host, hosts=None))
+    missed = {(f.mode, f.concurrency) for f in figures if not f.within}
+    assert ("colocated", 8) in missed and ("disaggregated", 8) in missed
+
+
+def test_a_run_that_recorded_no_engine_server_is_refused_in_one_line(truth_on_host, tmp_path):
+    from planner import local_check
+    from planner.errors import PlanningError
+
+    runs = local_check.runs_of(recorded_runs(truth_on_host, tmp_path, repeats=1))
+    for run in runs:
+        for row in run.data["rows"]:
+            row.get("host_cpu", {}).pop("ProxyActor", None)
+    with pytest.raises(PlanningError) as refused:
+        local_check.hosts_of(runs, local_check.median_probe_fit(runs))
+    assert "lacks one of the engine's server, the ingress, ProxyActor and client" in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_every_measured_figure_is_set_beside_the_prediction_for_its_workload_mode_and_concurrency(truth, tmp_path):
