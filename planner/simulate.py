@@ -407,8 +407,8 @@ def simulate(
     shared = host is not None
     cpu = _ProcessorSharing(host.cores, lambda at, version: push(at, "cpu", version)) if host else None
     stage_share = overhead / 2 / len(token_seconds) if shared else 0.0
-    # Elsewhere one stage per decode replica, alone on its cores: a FIFO whose tokens leave at once
-    # computed, each when the one before it has and its own cost later.
+    # Elsewhere each decode replica's server is a queue of its own on cores of its own, so a token's
+    # passing is known when the token is made: its cost after the replica's previous token passed.
     replica_token_s = 0.0 if shared else decodes[0].spec.cost.device.efficiency.token_overhead_s
     replica_free_at: dict[Engine, float] = {}
 
@@ -462,7 +462,7 @@ def simulate(
 
     def step_done(engine: Engine, now: float) -> None:
         computed = engine.batch[1]
-        finished, handed_off, emitted = engine.finish_step(now)
+        _, handed_off, emitted = engine.finish_step(now)
         kv_bytes = engine.spec.cost.kv_bytes_per_token
         if link is not None and link.per_chunk and engine.role == "prefill":
             for request, tokens in computed:
