@@ -126,10 +126,11 @@ CI_LATENCY = (
     "128 tokens out (vLLM's benchmark_latency), the mean over its iterations"
 )
 
-MEASUREMENTS: list[Measurement] = [
-    # Hopper ----------------------------------------------------------------------------------------
-    Measurement(
-        key="h100-tpot-c1",
+
+def _h100_sweep(concurrency: int, tpot_ms: float, *, assumptions: str, role: str = FIT) -> Measurement:
+    """One row of the H100 concurrency sweep (vLLM 0.21.0, Llama-3.1-8B, ShareGPT): its median TPOT."""
+    return Measurement(
+        key=f"h100-tpot-c{concurrency}",
         source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
         gpu=_catalog("H100"),
         tp=1,
@@ -137,63 +138,35 @@ MEASUREMENTS: list[Measurement] = [
         dtype="fp16",
         engine="vLLM 0.21.0",
         kind="tpot",
-        concurrency=1,
+        concurrency=concurrency,
         prompt_tokens=215,
         output_tokens=198,
-        statistic="median TPOT (tpot_p50_ms), 6.48 ms",
-        value=6.48,
+        statistic=f"median TPOT (tpot_p50_ms), {tpot_ms:g} ms",
+        value=tpot_ms,
+        role=role,
+        assumptions=assumptions,
+    )
+
+
+MEASUREMENTS: list[Measurement] = [
+    # Hopper ----------------------------------------------------------------------------------------
+    _h100_sweep(
+        1,
+        6.48,
         assumptions="ShareGPT-v3 prompts whose lengths the page does not give: taken as vLLM's ShareGPT means "
         "(215 in, 198 out); at one sequence the KV read is 0.3 % of the weights, so the lengths barely matter",
     ),
-    Measurement(
-        key="h100-tpot-c4",
-        source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
-        gpu=_catalog("H100"),
-        tp=1,
-        model=LLAMA_8B,
-        dtype="fp16",
-        engine="vLLM 0.21.0",
-        kind="tpot",
-        concurrency=4,
-        prompt_tokens=215,
-        output_tokens=198,
-        statistic="median TPOT (tpot_p50_ms), 6.59 ms",
-        value=6.59,
-        role=HELD_OUT,
-        assumptions="as at concurrency 1",
-    ),
-    Measurement(
-        key="h100-tpot-c16",
-        source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
-        gpu=_catalog("H100"),
-        tp=1,
-        model=LLAMA_8B,
-        dtype="fp16",
-        engine="vLLM 0.21.0",
-        kind="tpot",
-        concurrency=16,
-        prompt_tokens=215,
-        output_tokens=198,
-        statistic="median TPOT (tpot_p50_ms), 10.9 ms",
-        value=10.9,
+    _h100_sweep(4, 6.59, role=HELD_OUT, assumptions="as at concurrency 1"),
+    _h100_sweep(
+        16,
+        10.9,
         assumptions="as at concurrency 1; the TPOT grows far faster than a batch of 16 short sequences costs "
         "on an H100: 16 streams through one API server, whose per-token cost (and the benchmark client's, "
         "on the same host) paces every stream, 16 × that cost per token",
     ),
-    Measurement(
-        key="h100-tpot-c64",
-        source="https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
-        gpu=_catalog("H100"),
-        tp=1,
-        model=LLAMA_8B,
-        dtype="fp16",
-        engine="vLLM 0.21.0",
-        kind="tpot",
-        concurrency=64,
-        prompt_tokens=215,
-        output_tokens=198,
-        statistic="median TPOT (tpot_p50_ms), 46.9 ms",
-        value=46.9,
+    _h100_sweep(
+        64,
+        46.9,
         role=HELD_OUT,
         assumptions="as at concurrency 16: the per-token cost fitted there, four times the streams",
     ),
