@@ -461,6 +461,7 @@ def test_the_two_replica_servers_measure_turns_the_local_timeout_would_cut(tmp_p
     load_spec(str(tmp_path / "decode-x2-session_affinity.yaml"))  # still a valid spec
 
 
+@pytest.mark.serving  # the tiny model's tokenizer, through transformers
 def test_an_agent_turns_tools_make_a_long_prompt_that_fits_the_local_context(tmp_path):
     """bench/agent_tools.py measures what a short message with long tool schemas costs decode's
     streams: its default tools must render, in the local model's template, into a prompt far above

@@ -320,6 +320,7 @@ def test_decode_recomputing_the_prompt_is_drawn_as_an_alarm_in_both_dashboards()
     assert widget["properties"]["annotations"]["horizontal"] == [{"label": "alarm", "value": 0}]
 
 
+@pytest.mark.serving  # the counter names, read from vLLM itself
 def test_each_phase_draws_its_prefix_cache_hit_rate_from_counters_vllm_exports():
     """A panel per phase divides the prefix-cache hits by the queries; every metric the dashboard
     reads is one the installed vLLM declares (read from its source), as Ray exports it."""

@@ -345,6 +345,7 @@ def test_the_reason_says_only_when_no_candidate_of_the_other_mode_meets_the_targ
 # The statistics a benchmark reports -----------------------------------------------------------------
 
 
+@pytest.mark.serving  # numpy, the serving stack's, computes the reference statistics
 @pytest.mark.parametrize("slo_percentile", [90, 97])
 def test_each_latency_has_vllm_bench_serves_statistics_under_its_names_computed_as_numpy_does(slo_percentile):
     import random

@@ -515,6 +515,7 @@ def hit_rate(folder: Path, phase: str) -> float:
     return total("ray_vllm_prefix_cache_hits_total") / total("ray_vllm_prefix_cache_queries_total")
 
 
+@pytest.mark.serving  # the names vLLM exports, read from vLLM itself
 @pytest.mark.parametrize("folder", [REUSE_HEALTHY, REUSE_REPULLS])
 def test_recorded_scrapes_name_only_metrics_vllm_exports(folder):
     from local.metrics import parse
