@@ -35,9 +35,10 @@ from tests.conftest import ROOT
 pytest.importorskip("vllm", reason="the serving stack (requirements-serve.txt) is not installed")
 pytestmark = pytest.mark.live
 
-# One engine of the local spec's phase, answering a JSON line on stdin with a line "ANSWER <json>".
+# One engine of the local spec's phase, answering a JSON line on stdin with a JSON line on a pipe of
+# its own: on stdout, the engine core's log lines (another process, the same pipe) can land inside one.
 ENGINE = """
-import asyncio, dataclasses, json, sys, uuid
+import asyncio, dataclasses, json, os, sys, uuid
 from prometheus_client import REGISTRY
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -45,13 +46,13 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from local.paths import DEFAULT_SPEC
 from serve_app.spec import load_spec
 
-async def main(phase):
+async def main(phase, answers):
     spec = load_spec(str(DEFAULT_SPEC))
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     # The engine's own arguments; the OpenAI front end's (tool parsers) are not the engine's.
     kwargs = {k: v for k, v in spec.engine_kwargs(phase).items() if k in fields}
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=spec.model.source, **kwargs))
-    print("READY", flush=True)
+    print(json.dumps("READY"), file=answers, flush=True)
     while line := await asyncio.to_thread(sys.stdin.readline):
         ask = json.loads(line)
         if ask.get("counters"):
@@ -70,10 +71,12 @@ async def main(phase):
                 final = out
             answer = {"text": final.outputs[0].text, "kv": final.kv_transfer_params,
                       "prompt_tokens": len(final.prompt_token_ids)}
-        print("ANSWER " + json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
     engine.shutdown()
 
-asyncio.run(main(sys.argv[1]))
+answers_fd = int(sys.argv[2])
+os.set_inheritable(answers_fd, False)
+asyncio.run(main(sys.argv[1], os.fdopen(answers_fd, "w")))
 """
 
 START_BOUND_S = 360
@@ -88,7 +91,8 @@ def free_port() -> int:
 
 
 class Engine:
-    """An engine process and every line it prints, read by a thread so no wait blocks unbounded."""
+    """An engine process, its answers and every line it prints, each read by a thread so that no
+    wait blocks unbounded."""
 
     def __init__(self, phase: str, spec):
         self.phase, self.side_channel_port = phase, free_port()
@@ -98,34 +102,47 @@ class Engine:
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
             "UCX_TLS": "tcp,self",
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", ENGINE, phase],
-            cwd=ROOT,
-            env=environ,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        answers_read, answers_write = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", ENGINE, phase, str(answers_write)],
+                cwd=ROOT,
+                env=environ,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+                pass_fds=(answers_write,),
+            )
+        finally:
+            os.close(answers_write)
         self.lines: list[str] = []
         self._answers: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        threading.Thread(target=self._read_answers, args=(os.fdopen(answers_read),), daemon=True).start()
 
-    def _read(self) -> None:
+    def _read_log(self) -> None:
         for line in self.process.stdout:
             self.lines.append(line)
-            if line.startswith(("READY", "ANSWER ")):
-                self._answers.put(line)
-        self._answers.put(None)
+
+    def _read_answers(self, answers) -> None:
+        with answers:
+            for line in answers:
+                self._answers.put(json.loads(line))
 
     def next_answer(self, timeout: float):
-        try:
-            line = self._answers.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        assert line is not None, f"the {self.phase} engine exited:\n{''.join(self.lines[-40:])}"
-        return json.loads(line[7:]) if line.startswith("ANSWER ") else line.strip()
+        """The engine's next answer, or None after ``timeout``; an engine that exited fails the test
+        with its last lines (the engine core, forked, may hold the answers' pipe open after it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return self._answers.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                assert self.process.poll() is None or not self._answers.empty(), (
+                    f"the {self.phase} engine exited:\n{''.join(self.lines[-40:])}"
+                )
+        return None
 
     def ask(self, timeout: float = 120, **question):
         self.process.stdin.write(json.dumps(question) + "\n")
