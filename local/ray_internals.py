@@ -12,6 +12,10 @@ one against the new release (the server prints a one-line note when it runs on a
     ``_system_config={"metrics_report_interval_ms": ...}`` (the engines' counters reach the export
     within a second). ``ray.init`` also installs a SIGTERM handler of its own in the driver
     (``ray/_private/worker.py``, ``sigterm_handler``); the caller installs its handlers again after.
+``shutdown_ray``
+    ``ray._private.worker._global_node``, the node a ``ray.init`` in this process started, set before
+    the driver connects: a start interrupted after it (Ctrl-C during start-up) has Ray's processes
+    and, possibly, the driver's core worker, yet ``ray.is_initialized()`` is False.
 ``submit_app``
     ``ray.serve.api._run(..., _blocking=False)``: ``serve.run`` without waiting for the app to be
     RUNNING (``serve.run`` waits forever when a replica never gets there).
@@ -91,6 +95,24 @@ def start_ray(
         _system_config={"metrics_report_interval_ms": metrics_report_interval_ms},
         logging_level="WARNING",
     )
+
+
+def shutdown_ray() -> None:
+    """Serve, then Ray, shut down from this process, a start that was interrupted included. Ray's
+    shutdown destroys the driver's core worker before it stops the node's processes, because the
+    core worker's IO thread does not survive them going first (ray/_private/worker.py, shutdown);
+    an interrupted start needs that as much as a finished one."""
+    import ray
+    from ray import serve
+    from ray._private import worker
+
+    if ray.is_initialized():
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    elif worker._global_node is not None:
+        ray.shutdown()  # not serve.shutdown(): without a connected driver it would start a Ray of its own
 
 
 def submit_app(app, *, name: str, route_prefix: str = "/") -> None:

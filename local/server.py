@@ -128,6 +128,8 @@ def serve(args: argparse.Namespace) -> int:
     # faulthandler writes from its C signal handler, without the GIL: it shows a run stuck where no
     # Python code can run, not even the shutdown's own threads.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # And on a fatal signal (an abort in Ray's C++ among them), every thread's Python stack in the log.
+    faulthandler.enable(all_threads=True)
     shutdown.install_signal_handlers()
     lifecycle.watch_parent(parent, shutdown.parent_gone)
     spec = local_spec(Path(args.spec), args.mode, args.nixl_port_base)

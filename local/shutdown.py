@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from local import lifecycle, segments
+from local import lifecycle, ray_internals, segments
 from local.paths import RUN_RECORD, STATUS_FILE, read_json
 
 SHUTDOWN_SECONDS = 25
@@ -168,14 +168,7 @@ def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
 
     def graceful():
         try:
-            import ray
-            from ray import serve
-
-            if ray.is_initialized():
-                try:
-                    serve.shutdown()
-                finally:
-                    ray.shutdown()
+            ray_internals.shutdown_ray()
         except Exception as exc:  # noqa: BLE001 - whatever is left is stopped below
             say(f"clean shutdown failed ({exc}); stopping the run's processes")
 

@@ -262,6 +262,7 @@ INTERNALS: tuple[Internal, ...] = (
         "DeploymentID.to_replica_actor_class_name",
     ),
     Internal("local/ray_internals.py: replica_log_files", "ray._private.worker", "global_worker"),
+    Internal("local/ray_internals.py: shutdown_ray", "ray._private.worker", "_global_node"),
     Internal("local/ray_internals.py: replica_log_files", "ray._private.node", "Node.get_session_dir_path"),
     Internal("local/ray_internals.py: enable_token_auth, connect_driver", "ray._raylet", "Config.initialize"),
     Internal(

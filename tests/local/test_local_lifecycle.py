@@ -205,7 +205,7 @@ def test_ctrl_c_during_start_up_stops_the_run_within_30_seconds():
         stopped_after = time.monotonic() - sent
     remaining = lifecycle.run_processes(mark)
     sweep(mark)
-    assert code == 130
+    assert code == 130, (RUN_DIR / "sigint-startup.log").read_text(errors="replace")[-6000:]
     assert remaining == [], [lifecycle.command_of(p) for p in remaining]
     assert session_processes(process.pid) == []
     report_measurement("sigint-during-startup", {"stopped_after_s": round(stopped_after, 1)})
