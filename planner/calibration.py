@@ -41,8 +41,15 @@ MODES = ("colocated", "disaggregated")
 MIN_PROBE_SAMPLES = 5
 # Where a fitted bandwidth comes out at or below zero (a gap that does not grow), the wire is free.
 UNLIMITED_BYTES_PER_S = 1e15
+# Rounds of the decode and prefill fits, each on the other's result: the third moves no figure.
+FIT_ROUNDS = 3
 # A nominal CPU for --local: the fit scales it, so only the product with the fitted shares matters.
 LOCAL_CPU = dict(peak_flops=100e9, memory_bytes_per_s=10e9)
+# The step budget of a local engine whose engine_kwargs set none. Ray Serve LLM makes each engine's
+# config for an OpenAI server (ray/llm/_internal/serve/engines/vllm/vllm_engine.py,
+# usage_context=UsageContext.OPENAI_API_SERVER), and vLLM's CPU default for that is 2048 tokens per
+# worker (vllm/engine/arg_utils.py, get_batch_defaults), not the 4096 of its LLM class.
+LOCAL_DEFAULT_TOKEN_BUDGET = 2048
 
 
 def single_request_ttft(
@@ -235,20 +242,22 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
 
     before = predict(cost, link)
     efficiency = cost.device.efficiency
+    itl_ms_at: dict[int, float] = {}
     single = [r for r in data.get("rows", []) if r.get("concurrency") == 1 and _median_itl_ms(r)]
     if single:
-        row = min(single, key=lambda r: r["mode"] != "colocated")
-        itl_ms = _median_itl_ms(row)
-        assert itl_ms is not None
+        mode = "colocated" if any(r["mode"] == "colocated" for r in single) else single[0]["mode"]
         workload = data.get("workload") or {}
-        if not {"input_len", "output_len"} <= set(workload):
+        if not all("context_tokens" in r for r in single) and not {"input_len", "output_len"} <= set(workload):
             raise PlanningError(
                 "the rows at concurrency 1 name no workload (input_len, output_len) to read their ITL by"
             )
-        context = workload["input_len"] + workload["output_len"] // 2
-        bare = replace(cost.device, efficiency=replace(efficiency, step_overhead_s=0.0))
-        moving = StepCost.of(cost.model, bare).step_seconds(1, context, 0, 0.0, 0, 0)
-        efficiency = replace(efficiency, step_overhead_s=max(itl_ms / 1e3 - moving, 0.0))
+        itl_ms_at = {
+            int(r.get("context_tokens", workload.get("input_len", 0) + workload.get("output_len", 0) // 2)): float(
+                _median_itl_ms(r) or 0.0
+            )
+            for r in single
+            if r["mode"] == mode
+        }
 
     measured_growth = (measured["colocated"][t2] - measured["colocated"][t1]) / 1e3
     if measured_growth <= 0:
@@ -264,8 +273,13 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
             c, t1, budget, "colocated", None
         )
 
-    mfu = _bisect(growth, measured_growth, 1e-6, 1.0)
-    efficiency = replace(efficiency, prefill_mfu=mfu, request_overhead_s=0.0)
+    # A decode step's compute (its attention over the context) comes with the MFU, and the prefill's
+    # steps with the per-step cost: each fit is redone on the other's result until neither moves.
+    for _ in range(FIT_ROUNDS):
+        if itl_ms_at:
+            efficiency = decode_fit(cost, efficiency, itl_ms_at)
+        efficiency = replace(efficiency, prefill_mfu=_bisect(growth, measured_growth, 1e-6, 1.0))
+    efficiency = replace(efficiency, request_overhead_s=0.0)
     bare_ttft = single_request_ttft(cost.with_efficiency(efficiency), t1, budget, "colocated", None)
     efficiency = replace(efficiency, request_overhead_s=max(measured["colocated"][t1] / 1e3 - bare_ttft, 0.0))
     fitted = cost.with_efficiency(efficiency)
@@ -280,6 +294,27 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
     fixed = max(gap(t1) - first_token[t1] - kv * t1 / bandwidth, 0.0)
     fitted_link = Link(bandwidth, None, fixed)
     return Fit(efficiency, fitted_link, (t1, t2), measured, before, predict(fitted, fitted_link))
+
+
+def decode_fit(cost: StepCost, efficiency: Efficiency, itl_ms_at: dict[int, float]) -> Efficiency:
+    """One sequence's decode step, from its median ITL at each context measured (context tokens ->
+    ms). At two contexts or more, the share of the memory bandwidth its KV reads reach first, from how
+    the ITL grows between the shortest and the longest: where the step is bound by its compute at both
+    (the attention over the context grows it too), the lowest share that still shows that growth, and
+    where the ITL does not grow, the share as assumed. Then the per-step cost, what the ITL at the
+    shortest has beyond the step's reads and compute."""
+    shortest, longest = min(itl_ms_at), max(itl_ms_at)
+
+    def bare_step(share: float, context: int) -> float:
+        bare = replace(efficiency, decode_bandwidth=share, step_overhead_s=0.0)
+        return cost.with_efficiency(bare).step_seconds(1, context, 0, 0.0, 0, 0)
+
+    growth = (itl_ms_at[longest] - itl_ms_at[shortest]) / 1e3
+    if longest > shortest and growth > 0:
+        share = _bisect(lambda s: bare_step(s, longest) - bare_step(s, shortest), growth, 1e-3, 1e3)
+        efficiency = replace(efficiency, decode_bandwidth=share)
+    moving = bare_step(efficiency.decode_bandwidth, shortest)
+    return replace(efficiency, step_overhead_s=max(itl_ms_at[shortest] / 1e3 - moving, 0.0))
 
 
 @contextmanager
@@ -340,7 +375,7 @@ def local_model_id() -> str:
 
 
 def local_cost() -> tuple[StepCost, int]:
-    """The tiny model of `make local` on this CPU, and its step budget (vLLM's CPU default)."""
+    """The tiny model of `make local` on this CPU, and its engines' step budget."""
     from planner.models import load_architecture
 
     spec = local_spec()
@@ -350,7 +385,7 @@ def local_cost() -> tuple[StepCost, int]:
     model = load_architecture(spec.model.model_id, model_dir)
     device = Device("this CPU (nominal)", tp=1, efficiency=ASSUMED_EFFICIENCY["CPU"], **LOCAL_CPU)
     dtype_bytes = 4 if spec.dtype == "float32" else 2
-    budget = int(spec.decode.engine_kwargs.get("max_num_batched_tokens", 4096))
+    budget = int(spec.decode.engine_kwargs.get("max_num_batched_tokens", LOCAL_DEFAULT_TOKEN_BUDGET))
     return StepCost.of(model, device, dtype_bytes), budget
 
 

@@ -154,8 +154,10 @@ def runs_of(paths: list[str]) -> list[Run]:
 
 
 def median_probe_fit(runs: list[Run]) -> Fit:
-    """The fit of every run's TTFT probe (medians across runs) and of the shortest workload's ITL at
-    concurrency 1, on the two longest probe sizes (P/D prefills them remotely)."""
+    """The fit of every run's TTFT probe (medians across runs), on the two longest probe sizes (P/D
+    prefills them remotely), and of each workload's median ITL at concurrency 1 (medians across its
+    runs): how it grows from the short prompts' context to the long ones' is what a decode step's KV
+    reads cost, which nothing else measures on this CPU."""
     probes: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     for run in runs:
         for mode in MODES:
@@ -165,20 +167,31 @@ def median_probe_fit(runs: list[Run]) -> Fit:
         mode: {size: statistics.median(values) for size, values in sizes.items()} for mode, sizes in probes.items()
     }
     shortest = min(runs, key=lambda r: r.input_len)
-    single = [
-        row
-        for run in runs
-        if run.workload == shortest.workload
-        for row in run.data["rows"]
-        if row["mode"] == "colocated" and row["concurrency"] == 1
-    ]
-    itl = statistics.median(row["median_itl_ms"] for row in single) if single else None
+    rows = []
+    for name in sorted({run.workload for run in runs}):
+        of_workload = [run for run in runs if run.workload == name]
+        single = [
+            row["median_itl_ms"]
+            for run in of_workload
+            for row in run.data["rows"]
+            if row["mode"] == "colocated" and row["concurrency"] == 1
+        ]
+        if single:
+            context = of_workload[0].input_len + of_workload[0].output_len // 2
+            rows.append(
+                {
+                    "mode": "colocated",
+                    "concurrency": 1,
+                    "median_itl_ms": statistics.median(single),
+                    "context_tokens": context,
+                }
+            )
     sizes = sorted(int(s) for s in set(probe["colocated"]) & set(probe["disaggregated"]))
     data = {
         "ttft_probe": probe,
         "pd_min_prompt_tokens": shortest.data.get("pd_min_prompt_tokens", 0),
         "workload": shortest.data["workload"],
-        "rows": [{"mode": "colocated", "concurrency": 1, "median_itl_ms": itl}] if itl else [],
+        "rows": rows,
     }
     cost, budget = local_cost()
     return fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on=(sizes[-2], sizes[-1]))
@@ -389,9 +402,9 @@ def render(
 ) -> str:
     e = fitted.efficiency
     lines = [
-        f"The local pair, fitted on the TTFT probe's medians of {runs} run(s): prefill MFU {e.prefill_mfu:.3g} of the "
-        f"nominal CPU, {e.step_overhead_s * 1e3:.2f} ms per step, {e.request_overhead_s * 1e3:.1f} ms per request, KV "
-        f"link + {fitted.link.fixed_s * 1e3:.1f} ms per transfer",
+        f"The local pair, fitted on the TTFT probe's medians of {runs} run(s): prefill MFU {e.prefill_mfu:.3g} and "
+        f"decode bandwidth {e.decode_bandwidth:.3g} of the nominal CPU, {e.step_overhead_s * 1e3:.2f} ms per step, "
+        f"{e.request_overhead_s * 1e3:.1f} ms per request, KV link + {fitted.link.fixed_s * 1e3:.1f} ms per transfer",
         "",
         *(f"{line}  " for line in describe_hosts(hosts)),
         "",

@@ -31,7 +31,13 @@ def truth():
 
     ensure_tiny_model(ROOT / ".local" / "tiny-llama")
     cost, budget = local_cost()
-    efficiency = replace(cost.device.efficiency, prefill_mfu=0.021, step_overhead_s=0.009, request_overhead_s=0.035)
+    efficiency = replace(
+        cost.device.efficiency,
+        prefill_mfu=0.021,
+        decode_bandwidth=0.2,  # memory-bound decode steps (at 0.021 MFU, 0.45 and above is compute-bound)
+        step_overhead_s=0.009,
+        request_overhead_s=0.035,
+    )
     cost = cost.with_efficiency(efficiency)
     return local_check.LocalPair(cost, 200_000, 8, budget, Link(4e8, None, 0.006), 32)
 
@@ -123,6 +129,8 @@ def test_the_runs_costs_are_fitted_back_from_their_probe_and_itl(truth, tmp_path
 
     fitted = local_check.median_probe_fit(local_check.runs_of(recorded_runs(truth, tmp_path)))
     assert fitted.efficiency.prefill_mfu == pytest.approx(0.021, rel=0.01)
+    # From how the ITL at concurrency 1 grows from the short prompts' context to the long ones'.
+    assert fitted.efficiency.decode_bandwidth == pytest.approx(0.2, rel=0.05)
     assert fitted.efficiency.request_overhead_s == pytest.approx(0.035, rel=0.05)
     assert fitted.efficiency.step_overhead_s == pytest.approx(0.009, rel=0.05)
     assert fitted.link.network_bytes_per_s == pytest.approx(4e8, rel=0.01)
@@ -205,3 +213,23 @@ def test_a_run_of_another_model_is_refused_in_one_line(truth, tmp_path, capsys):
     assert local_check.main([path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "measured on model 'qwen2.5-7b-instruct', not 'tiny-llama'" in err[0]
+
+
+def test_the_local_step_budget_is_the_one_vllm_gives_the_engines_ray_serve_starts_on_this_cpu():
+    """Ray Serve LLM makes its engines' config for an OpenAI server; the budget is vLLM's default for
+    that usage on this platform, read from the installed Ray and vLLM."""
+    import inspect
+
+    from ray.llm._internal.serve.engines.vllm import vllm_engine
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
+
+    from planner.calibration import LOCAL_DEFAULT_TOKEN_BUDGET, local_cost, local_spec
+
+    assert "usage_context=UsageContext.OPENAI_API_SERVER" in inspect.getsource(vllm_engine)
+    assert current_platform.is_cpu()
+    budgets, _ = EngineArgs.get_batch_defaults(world_size=1)
+    assert LOCAL_DEFAULT_TOKEN_BUDGET == budgets[UsageContext.OPENAI_API_SERVER]
+    assert "max_num_batched_tokens" not in local_spec().decode.engine_kwargs
+    assert local_cost()[1] == LOCAL_DEFAULT_TOKEN_BUDGET
