@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -329,8 +330,12 @@ def test_after_a_kill_9_the_next_start_cleans_up_and_serves(shared_servers):
         assert answer.choices[0].message.content is not None
         # Nothing of the killed run is left; what the new server leaves is checked when it stops.
         assert lifecycle.run_processes(mark) == []
-        assert "shared-memory file(s) it created" in output
+        # Stopped with SIGTERM first, vLLM's engines unlink their own queues' segments, more or fewer of
+        # them as the stop's timing goes; the sweep removes the rest and says how many
+        # (tests/local/test_local_processes.py checks that on a process of its own).
         assert not [segment for segment in segments if segment.exists()], "the killed run's shared memory is left"
+        removed = re.search(r"removed (\d+) shared-memory file\(s\) it created", output)
+        assert removed is None or 0 < int(removed.group(1)) <= len(segments), output
     finally:
         sweep(mark)
     report_measurement(
