@@ -7,7 +7,9 @@
 - ``rows``: per mode and concurrency, the workload's TTFT, TPOT and ITL (mean, median, p90, p95, p99,
   under `vllm bench serve`'s names: mean_ttft_ms, median_itl_ms, …) and output tokens/s; for a local
   server also ``host_cpu``, the CPU seconds each of its process roles and the client spent in the
-  level and its wall time (bench/host_cpu.py), with ``host_cores``, the cores they shared.
+  level and its wall time (bench/host_cpu.py), with ``host_cores``, the cores they shared, and
+  ``prefix_cache``, per phase the prompt tokens its engines looked up in their prefix cache and found
+  there, per request (vLLM's counters).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def write_calibration(
                 **r.latency_ms,
                 "output_tokens_per_s": r.output_throughput,
                 **({"host_cpu": r.host_cpu} if r.host_cpu else {}),
+                **({"prefix_cache": r.prefix_cache} if r.prefix_cache else {}),
             }
             for r in rows
         ],

@@ -93,8 +93,10 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
 
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
-        if kwargs["workload"].repeated:
-            kwargs["counters"] = server.counters
+        # Every level's prefix-cache hits, from the engines' own counters: the local model's byte-level
+        # vocabulary makes vLLM's random prompts share prefixes, and the advisor's check
+        # (planner/local_check.py) predicts each level with the hits it had.
+        kwargs["counters"] = server.counters
         rows = run_workload(url=server.base_url, host_cpu=lambda: accounted(server.process.pid), **kwargs)
         ttft = probe_ttft(
             server.base_url,

@@ -182,8 +182,12 @@ def bench_args(
         "--result-filename",
         f"{label}-{workload.name}-c{concurrency}.json",
         "--disable-tqdm",
+        # The prompts of vLLM's random dataset follow from the seed alone. One seed for every level
+        # would send each level the prompts of the one before, which the server's prefix cache then
+        # serves: every level after the first would measure cache hits, not prefills. A level's own
+        # seed gives both deployments of a comparison the same prompts at that level.
         "--seed",
-        "0",
+        str(concurrency),
     ]
 
 

@@ -202,6 +202,9 @@ def median_probe_fit(runs: list[Run]) -> Fit:
 INGRESS, PROXY, CLIENT = "Ingress", "ProxyActor", "client"
 # The deployment whose engine streams in P/D (Ray's P/D builder's name for it).
 DECODE_DEPLOYMENT = ":Decode"
+# The phases of a level's prefix-cache counters (bench/next_turn.py, per_request): Ray's P/D builder's
+# deployment names; the colocated engine's is the only other.
+PREFILL_PHASE, DECODE_PHASE = "Prefill", "Decode"
 
 
 def token_path(roles: list[str], mode: str) -> list[str]:
@@ -321,9 +324,10 @@ class Figure:
         return abs(self.error) <= TOLERANCE
 
 
-def predicted(pair: LocalPair, mode: str, run: Run, concurrency: int) -> dict[str, float]:
-    """One level of ``run``'s workload in ``mode`` as the advisor predicts it: every statistic `vllm
-    bench serve` reports under its name (``mean_ttft_ms``, ``median_itl_ms``, …, ``output_tokens_per_s``)."""
+def predicted(pair: LocalPair, mode: str, run: Run, concurrency: int, hit_share: float = 0.0) -> dict[str, float]:
+    """One level of ``run``'s workload in ``mode`` as the advisor predicts it, ``hit_share`` of each prompt
+    found in the prefix cache: every statistic `vllm bench serve` reports under its name
+    (``mean_ttft_ms``, ``median_itl_ms``, …, ``output_tokens_per_s``)."""
     by_seed = []
     for seed in SEEDS:
         workload = Workload(
@@ -333,11 +337,36 @@ def predicted(pair: LocalPair, mode: str, run: Run, concurrency: int) -> dict[st
             concurrency=concurrency,
             requests=run.num_prompts,
             seed=seed,
+            prefix_hit_share=hit_share,
             warmup_share=0.0,
         )
         outcome = pair.serve(mode, workload)
         by_seed.append({**outcome.latency_ms, "output_tokens_per_s": outcome.output_tokens_per_s})
     return {name: statistics.median(seed[name] for seed in by_seed) for name in by_seed[0]}
+
+
+def hit_share(row: dict[str, Any]) -> float | None:
+    """The share of the prompt tokens that the engine which prefilled them found in its prefix cache
+    (P/D's prefill, the colocated engine), from the level's counters; None where none were recorded."""
+    phases = row.get("prefix_cache") or {}
+    looked_up = phases.get(PREFILL_PHASE) or next((v for k, v in phases.items() if k != DECODE_PHASE), None)
+    if not looked_up or not looked_up.get("queries"):
+        return None
+    return min(looked_up["hits"] / looked_up["queries"], 1.0)
+
+
+def hit_shares(runs: list[Run]) -> dict[tuple[str, str, int], float]:
+    """Per workload, mode and concurrency, the median over the runs of :func:`hit_share` (0 where no run
+    recorded one: every prompt predicted as a prefill)."""
+    shares: dict[tuple[str, str, int], list[float]] = {}
+    for run in runs:
+        for row in run.data["rows"]:
+            share = hit_share(row)
+            key = (run.workload, row["mode"], row["concurrency"])
+            shares.setdefault(key, [])
+            if share is not None:
+                shares[key].append(share)
+    return {key: statistics.median(values) if values else 0.0 for key, values in shares.items()}
 
 
 def compare(runs: list[Run], pair: LocalPair) -> list[Figure]:
@@ -348,9 +377,10 @@ def compare(runs: list[Run], pair: LocalPair) -> list[Figure]:
             values = measured.setdefault((run.workload, row["mode"], row["concurrency"]), {})
             for figure in FIGURES:
                 values.setdefault(figure, []).append(float(row[figure]))
+    shares = hit_shares(runs)
     out: list[Figure] = []
     for (name, mode, concurrency), values in sorted(measured.items()):
-        figures = predicted(pair, mode, shapes[name], concurrency)
+        figures = predicted(pair, mode, shapes[name], concurrency, shares[(name, mode, concurrency)])
         out.extend(Figure(name, mode, concurrency, f, values[f], figures[f]) for f in FIGURES)
     return out
 
@@ -399,6 +429,7 @@ def render(
     fitted: Fit,
     runs: int,
     hosts: dict[str, SharedHost] | None = None,
+    shares: dict[tuple[str, str, int], float] | None = None,
 ) -> str:
     e = fitted.efficiency
     lines = [
@@ -408,6 +439,14 @@ def render(
         "",
         *(f"{line}  " for line in describe_hosts(hosts)),
         "",
+    ]
+    if shares and any(shares.values()):
+        lines += [
+            "Each level is predicted with the prompt tokens its runs found in the prefix cache (median share): "
+            + ", ".join(f"{w} {m} {c}: {share:.0%}" for (w, m, c), share in sorted(shares.items())),
+            "",
+        ]
+    lines += [
         "| workload | mode | concurrency | figure | measured median (runs' range) | predicted | error |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -450,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         fitted = median_probe_fit(runs)
         hosts = hosts_of(runs, fitted)
         figures = compare(runs, local_pair(fitted, hosts))
+        shares = hit_shares(runs)
     except PlanningError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -460,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "fit": fitted.as_dict(),
                     "hosts": {mode: asdict(host) for mode, host in (hosts or {}).items()},
+                    "prefix_hit_shares": [
+                        {"workload": w, "mode": m, "concurrency": c, "share": round(share, 4)}
+                        for (w, m, c), share in sorted(shares.items())
+                    ],
                     "figures": [
                         {**f.__dict__, "median": f.median, "error": round(f.error, 4), "within": f.within}
                         for f in figures
@@ -470,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        print(render(figures, ways, fitted, len(runs), hosts))
+        print(render(figures, ways, fitted, len(runs), hosts, shares))
     return 0
 
 

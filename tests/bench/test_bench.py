@@ -143,6 +143,24 @@ def test_a_local_level_s_cpu_per_process_and_the_cores_go_into_the_calibration_f
     data = load(tmp_path)
     assert data["rows"][0]["host_cpu"] == spent
     assert data["host_cores"] == len(os.sched_getaffinity(0))
+    assert "prefix_cache" not in data["rows"][0]
+
+
+def test_a_level_s_prefix_cache_hits_go_into_the_calibration_file_and_the_local_check_reads_them(tmp_path):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from bench.calibration import write_calibration
+    from planner.calibration import load
+    from planner.local_check import hit_share
+
+    hits = {"Prefill": {"queries": 1792.0, "hits": 448.0}, "Decode": {"queries": 1792.0, "hits": 1776.0}}
+    row = replace(_row("disaggregated", 4, 100.0, 2.0), prefix_cache=hits)
+    workload = SimpleNamespace(name="tiny", input_len=64, output_len=16, range_ratio=0.0, num_prompts=6)
+    write_calibration(tmp_path, model="m", workload=workload, rows=[row])
+    written = load(tmp_path)["rows"][0]
+    assert written["prefix_cache"] == hits
+    assert hit_share(written) == 0.25  # the prefill engine's: it computed the prompts decode then pulled
 
 
 def test_ratio_table_divides_disaggregated_by_colocated():
@@ -481,3 +499,30 @@ def test_an_agent_turns_tools_make_a_long_prompt_that_fits_the_local_context(tmp
     )
     tokens = len(tokenizer(text)["input_ids"])
     assert 4 * spec.pd_min_prompt_tokens < tokens < spec.max_model_len - 256
+
+
+@pytest.mark.serving
+def test_each_concurrency_level_sends_prompts_no_other_level_sent(tmp_path):
+    """vLLM's own sampler, given what make bench passes at each level: no level sends a prompt another
+    level sent, which a server's prefix cache would then serve whole. (Prompts may still share a
+    prefix: the local model's byte-level vocabulary gives vLLM's random prompts few distinct starts,
+    which is why each level records its prefix-cache hits.)"""
+    from transformers import AutoTokenizer
+    from vllm.benchmarks.datasets.datasets import get_samples
+
+    from local.paths import DEFAULT_SPEC
+    from local.tiny_model import ensure_tiny_model
+    from serve_app.spec import load_spec
+    from tests.conftest import ROOT
+
+    model_dir = ROOT / load_spec(str(DEFAULT_SPEC)).model.source
+    ensure_tiny_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    workload = load_workloads()["local-long"]
+    levels = []
+    for concurrency in workload.concurrency:
+        samples = get_samples(_parsed_by_vllm(workload, concurrency, tmp_path), tokenizer)
+        assert len(samples) == workload.num_prompts
+        levels.append({s.prompt for s in samples})
+    for index, prompts in enumerate(levels):
+        assert not prompts & set().union(*(other for i, other in enumerate(levels) if i != index))

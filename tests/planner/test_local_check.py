@@ -79,7 +79,13 @@ def host_cpu(pair, mode: str, num_prompts: int, output_len: int, wall_s: float) 
     return {**spent, "wall_s": wall_s}
 
 
-def recorded_runs(pair, tmp_path, repeats: int = 2) -> list[str]:
+# The deployments whose engines' prefix-cache counters a level records (bench/next_turn.py, per_request).
+CACHE_PHASES = {"colocated": ("LLMServer",), "disaggregated": ("Prefill", "Decode")}
+
+
+def recorded_runs(pair, tmp_path, repeats: int = 2, hit_share: float = 0.0) -> list[str]:
+    """Runs as make bench-compare LOCAL=1 records them, of ``pair`` with ``hit_share`` of every prompt in
+    the prefix cache (recorded in each row's counters when above 0)."""
     from planner.local_check import Run, predicted
 
     paths = []
@@ -96,7 +102,14 @@ def recorded_runs(pair, tmp_path, repeats: int = 2) -> list[str]:
         for mode in ("disaggregated", "colocated"):
             for concurrency in (1, 4, 8):
                 shape = Run(name, input_len, output_len, spread, NUM_PROMPTS, {})
-                row = {"mode": mode, "concurrency": concurrency, **predicted(pair, mode, shape, concurrency)}
+                row = {"mode": mode, "concurrency": concurrency, **predicted(pair, mode, shape, concurrency, hit_share)}
+                if hit_share:
+                    queried = float(input_len)
+                    # Decode looks up only what reaches it; its share is not the one prefill had.
+                    row["prefix_cache"] = {
+                        phase: {"queries": queried, "hits": queried * (hit_share if phase != "Decode" else 0.9)}
+                        for phase in CACHE_PHASES[mode]
+                    }
                 if pair.hosts:
                     wall = NUM_PROMPTS * output_len / row["output_tokens_per_s"]
                     row["host_cpu"] = host_cpu(pair, mode, NUM_PROMPTS, output_len, wall)
@@ -187,6 +200,27 @@ def test_every_measured_figure_is_set_beside_the_prediction_for_its_workload_mod
     report = local_check.render(figures, ways, local_check.median_probe_fit(runs), len(runs))
     assert f"{len(figures)}/{len(figures)} predictions within ±30%" in report
     assert f"{len(ways)}/{len(ways)} P/D-over-colocated directions predicted right." in report
+
+
+def test_each_level_is_predicted_with_the_prefix_cache_hits_its_counters_recorded(truth, tmp_path, capsys):
+    from planner import local_check
+
+    paths = recorded_runs(truth, tmp_path, repeats=1, hit_share=0.5)
+    runs = local_check.runs_of(paths)
+    assert set(local_check.hit_shares(runs).values()) == {0.5}  # prefill's share in P/D, not decode's
+    figures = local_check.compare(runs, truth)
+    assert all(f.error == pytest.approx(0, abs=1e-9) for f in figures)
+    assert local_check.main(paths) == 0
+    assert "local-long colocated 4: 50%" in capsys.readouterr().out
+    # The same runs without their counters: predicted as prefills, the TTFT of long prompts too high.
+    for path in paths:
+        calibration = tmp_path / path.rsplit("/", 1)[-1] / "calibration.json"
+        data = json.loads(calibration.read_text())
+        for row in data["rows"]:
+            del row["prefix_cache"]
+        calibration.write_text(json.dumps(data))
+    unseen = local_check.compare(local_check.runs_of(paths), truth)
+    assert all(f.error > 0.05 for f in unseen if f.workload == "local-long" and f.figure == "mean_ttft_ms")
 
 
 def test_a_prediction_off_by_more_than_the_tolerance_and_a_direction_turned_are_marked(truth, tmp_path):
