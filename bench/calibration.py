@@ -9,7 +9,8 @@
   server also ``host_cpu``, the CPU seconds each of its process roles and the client spent in the
   level and its wall time (bench/host_cpu.py), with ``host_cores``, the cores they shared, and
   ``prefix_cache``, per phase the prompt tokens its engines looked up in their prefix cache and found
-  there, per request (vLLM's counters).
+  there, per request, and ``engine_steps``, per phase the steps its engines took over the level, the tokens
+  they generated and the prompt tokens they computed (vLLM's counters).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def write_calibration(
                 "output_tokens_per_s": r.output_throughput,
                 **({"host_cpu": r.host_cpu} if r.host_cpu else {}),
                 **({"prefix_cache": r.prefix_cache} if r.prefix_cache else {}),
+                **({"engine_steps": r.engine_steps} if r.engine_steps else {}),
             }
             for r in rows
         ],

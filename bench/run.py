@@ -263,6 +263,10 @@ class Row:
     ttft_by_turn_ms: tuple[float, ...] = ()
     prefix_cache: dict[str, dict[str, float]] | None = None
     prefix_cache_note: str = ""
+    # Per phase, the steps its engines took over the level, the tokens they generated and the prompt
+    # tokens they computed (vLLM's counters): what the local check needs to split an engine's CPU into a
+    # cost per step, per sequence in it and per prompt token. None where prefix_cache is.
+    engine_steps: dict[str, dict[str, float]] | None = None
     # A local server's level: the CPU seconds each of its process roles and the client spent, and the
     # level's wall time (bench/host_cpu.py); None elsewhere.
     host_cpu: dict[str, float] | None = None
@@ -323,6 +327,30 @@ def cache_by_phase(before: dict, after: dict) -> dict[str, dict[str, float]]:
     }
 
 
+# What each phase's engines did over a level, from vLLM's counters as Ray exports them: the steps they
+# took (the count of the histogram of tokens per step; Ray's sum of it is of bucket midpoints, not of
+# tokens, so it is not read), the tokens they generated, and the prompt tokens they computed.
+ENGINE_WORK = {
+    ("ray_vllm_iteration_tokens_total_count", ""): "steps",
+    ("ray_vllm_generation_tokens_total", ""): "generated",
+    ("ray_vllm_prompt_tokens_by_source_total", "local_compute"): "prompt_computed",
+}
+
+
+def steps_by_phase(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """{phase: {"steps": n, "generated": tokens, "prompt_computed": tokens}} of each phase's engines
+    between two snapshots of ``engine_counters`` (a phase: a deployment's name before its first colon,
+    as for the cache)."""
+    out: dict[str, dict[str, float]] = {}
+    for (deployment, metric, source), value in after.items():
+        key = ENGINE_WORK.get((metric, source))
+        if key is None:
+            continue
+        phase = out.setdefault(deployment.split(":")[0], dict.fromkeys(ENGINE_WORK.values(), 0.0))
+        phase[key] += value - before.get((deployment, metric, source), 0.0)
+    return out
+
+
 def metrics_counters(metrics_url: str | None) -> tuple[Callable[[], dict] | None, str]:
     """A settled snapshot of the engines' counters at an endpoint's Ray metrics URL, or why there is none."""
     if not metrics_url:
@@ -378,7 +406,8 @@ def run_workload(
             f"[bench] {label}: {row.completed} ok, {row.failed} failed, {row.request_throughput:.2f} req/s", flush=True
         )
         if counters:
-            row = replace(row, prefix_cache=cache_by_phase(before, counters()))
+            after = counters()
+            row = replace(row, prefix_cache=cache_by_phase(before, after), engine_steps=steps_by_phase(before, after))
         rows.append(replace(row, prefix_cache_note=counters_note))
     return rows
 

@@ -368,6 +368,54 @@ def test_the_repeated_report_gives_per_turn_ttft_and_each_phases_hit_rate_from_c
 RECORDED_METRICS = Path(__file__).parent / "data" / "ray-metrics-colocated.prom"
 
 
+RECORDED_PD_METRICS = Path(__file__).parent / "data" / "ray-metrics-disaggregated.prom"
+
+
+def test_a_level_s_engine_work_is_read_per_phase_from_vllms_counters_and_written_with_it(tmp_path):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from bench.calibration import write_calibration
+    from bench.run import steps_by_phase
+    from local.metrics import engine_counters, parse, serve_replica_deployments
+    from planner.calibration import load
+
+    # A real P/D server's exposition (Ray 2.58.0, vLLM 0.26.0): each engine labelled by its replica id
+    # alone, Serve's gauge naming that replica's deployment.
+    text = RECORDED_PD_METRICS.read_text()
+    phase_of = {
+        replica: deployment.split(":")[0]
+        for deployment, replica in re.findall(r'deployment="([^"]+)",[^}]*replica="([^"]+)"', text)
+    }
+    wanted = {
+        ("ray_vllm_iteration_tokens_total_count", ""): "steps",
+        ("ray_vllm_generation_tokens_total", ""): "generated",
+        ("ray_vllm_prompt_tokens_by_source_total", "local_compute"): "prompt_computed",
+    }
+    expected: dict[str, dict[str, float]] = {}
+    for name, labels, value in re.findall(r"^(\w+)\{([^}]*)\} (\S+)$", text, re.M):
+        label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = (name, label.get("source", ""))
+        if key in wanted and "ReplicaId" in label:
+            phase = expected.setdefault(phase_of[label["ReplicaId"]], dict.fromkeys(wanted.values(), 0.0))
+            phase[wanted[key]] += float(value)
+    assert set(expected) == {"Prefill", "Decode"}
+    assert expected["Prefill"]["prompt_computed"] > 0 and expected["Decode"]["steps"] > expected["Prefill"]["steps"]
+
+    samples = parse(text)
+    after = engine_counters(samples, serve_replica_deployments(samples))
+    before = {key: value / 4 for key, value in after.items()}
+    assert steps_by_phase({}, after) == expected
+    assert steps_by_phase(before, after) == {
+        phase: {k: v * 3 / 4 for k, v in counted.items()} for phase, counted in expected.items()
+    }
+
+    row = replace(_row("disaggregated", 4, 100.0, 2.0), engine_steps=expected)
+    workload = SimpleNamespace(name="tiny", input_len=64, output_len=16, range_ratio=0.0, num_prompts=6)
+    write_calibration(tmp_path, model="m", workload=workload, rows=[row])
+    assert load(tmp_path)["rows"][0]["engine_steps"] == expected
+
+
 def test_hit_rates_of_an_endpoint_are_read_from_its_ray_metrics_or_said_to_be_missing():
     import http.server
     import socket
