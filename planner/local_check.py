@@ -153,7 +153,7 @@ def runs_of(paths: list[str]) -> list[Run]:
     return runs
 
 
-def median_probe_fit(runs: list[Run]) -> Fit:
+def median_probe_fit(runs: list[Run], sequence_overhead_s: float = 0.0) -> Fit:
     """The fit of every run's TTFT probe (medians across runs), on the two longest probe sizes (P/D
     prefills them remotely), and of each workload's median ITL at concurrency 1 (medians across its
     runs): how it grows from the short prompts' context to the long ones' is what a decode step's KV
@@ -194,7 +194,80 @@ def median_probe_fit(runs: list[Run]) -> Fit:
         "rows": rows,
     }
     cost, budget = local_cost()
+    cost = cost.with_efficiency(replace(cost.device.efficiency, sequence_overhead_s=sequence_overhead_s))
     return fit(data, cost, budget, Link(UNLIMITED_BYTES_PER_S, None), fit_on=(sizes[-2], sizes[-1]))
+
+
+def local_fit(runs: list[Run]) -> tuple[Fit, dict[str, SharedHost] | None]:
+    """The local pair's fit and hosts. Where the runs recorded their engines' steps, each step's cost per
+    sequence in it first (:func:`sequence_cpu_s`, CPU seconds, as a step's seconds on the colocated
+    host: the engine's cores, or the host's where it has fewer), and the probe and ITL fits then on
+    top of it, so that a step of one sequence costs what was measured."""
+    fitted = median_probe_fit(runs)
+    hosts = hosts_of(runs, fitted)
+    per_sequence = sequence_cpu_s(runs)
+    if not hosts or per_sequence is None:
+        return fitted, hosts
+    host = hosts["colocated"]
+    fitted = median_probe_fit(runs, per_sequence / min(host.engine_cores, host.cores))
+    return fitted, hosts_of(runs, fitted)
+
+
+def sequence_cpu_s(runs: list[Run]) -> float | None:
+    """An engine's CPU per sequence in a step (None where a run did not record its engines' work).
+
+    Per engine and level, its processes' CPU (bench/host_cpu.py) is split by least squares, over every
+    engine of every level, into a cost per step, per sequence in a step, per prompt token computed, per
+    context token a decoding sequence reads, and per second (an idle engine still polls): the steps,
+    the tokens generated (a sequence in a step generates one) and the prompt tokens computed are vLLM's
+    counters (``engine_steps``), the context the workload's prompt and half its answer per token
+    generated. A step of one sequence is what the ITL at concurrency 1 measures; how much dearer a step
+    of eight is than one of one, beyond what it reads, is the cost per sequence, which nothing else
+    measures."""
+    points: list[tuple[float, ...]] = []
+    for run in runs:
+        context = run.input_len + run.output_len / 2
+        for row in run.data["rows"]:
+            work, spent = row.get("engine_steps"), row.get("host_cpu")
+            if not work or not spent:
+                return None
+            for phase, counted in work.items():
+                if counted.get("steps", 0) <= 0:
+                    continue
+                cpu = sum(s for role, s in spent.items() if _engine(role) and _deployment(role) == phase)
+                read = 0.0 if phase == PREFILL_PHASE else counted["generated"] * context
+                points.append(
+                    (counted["steps"], counted["generated"], counted["prompt_computed"], read, spent["wall_s"], cpu)
+                )
+    if len(points) < 5:
+        return None
+    return max(_least_squares(points)[1], 0.0)
+
+
+def _deployment(role: str) -> str:
+    """The Serve deployment of a process role (``EngineCore of ServeReplica:llm:Decode:tiny-llama`` ->
+    ``Decode``), as a phase of the engines' counters names it."""
+    replica = role.split(" of ")[-1].split(":")
+    return replica[2] if len(replica) > 2 else ""
+
+
+def _least_squares(points: list[tuple[float, ...]]) -> list[float]:
+    """x minimising Σ (y − Σ x_i·v_i)² over points (v_1, …, v_n, y): the normal equations, solved by
+    Gaussian elimination."""
+    n = len(points[0]) - 1
+    matrix = [
+        [sum(p[i] * p[j] for p in points) for j in range(n)] + [sum(p[i] * p[n] for p in points)] for i in range(n)
+    ]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(matrix[r][column]))
+        matrix[column], matrix[pivot] = matrix[pivot], matrix[column]
+        if matrix[column][column] == 0:
+            raise PlanningError("the runs' engine steps do not tell a step's cost from a sequence's")
+        for r in range(n):
+            if r != column:
+                factor = matrix[r][column] / matrix[column][column]
+                matrix[r] = [a - factor * b for a, b in zip(matrix[r], matrix[column], strict=True)]
+    return [matrix[i][n] / matrix[i][i] for i in range(n)]
 
 
 # bench/host_cpu.py's roles on a streamed token's way out, after the replica whose engine made it:
@@ -434,8 +507,9 @@ def render(
     e = fitted.efficiency
     lines = [
         f"The local pair, fitted on the TTFT probe's medians of {runs} run(s): prefill MFU {e.prefill_mfu:.3g} and "
-        f"decode bandwidth {e.decode_bandwidth:.3g} of the nominal CPU, {e.step_overhead_s * 1e3:.2f} ms per step, "
-        f"{e.request_overhead_s * 1e3:.1f} ms per request, KV link + {fitted.link.fixed_s * 1e3:.1f} ms per transfer",
+        f"decode bandwidth {e.decode_bandwidth:.3g} of the nominal CPU, {e.step_overhead_s * 1e3:.2f} ms per step"
+        + (f" and {e.sequence_overhead_s * 1e3:.2f} ms per sequence in it" if e.sequence_overhead_s else "")
+        + f", {e.request_overhead_s * 1e3:.1f} ms per request, KV link + {fitted.link.fixed_s * 1e3:.1f} ms per transfer",
         "",
         *(f"{line}  " for line in describe_hosts(hosts)),
         "",
@@ -486,8 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         runs = runs_of(args.results)
-        fitted = median_probe_fit(runs)
-        hosts = hosts_of(runs, fitted)
+        fitted, hosts = local_fit(runs)
         figures = compare(runs, local_pair(fitted, hosts))
         shares = hit_shares(runs)
     except PlanningError as exc:

@@ -33,6 +33,11 @@ class Efficiency:
     # stream's next token waits for the others' (planner/simulate.py). ASSUMED_TOKEN_OVERHEAD_S unless
     # a family's measurements at high concurrency fit it (planner/measurements.py).
     token_overhead_s: float = 0.0
+    # Per sequence in an engine step, whatever its tokens: vLLM scheduling it, preparing its inputs,
+    # sampling its token and building its output. Fitted on the local CPU servers from what their
+    # engines spent per step and per sequence (planner/local_check.py); on a GPU it is not measured by
+    # any run here and is taken as nothing, so a GPU answer does not rest on it.
+    sequence_overhead_s: float = 0.0
 
 
 # The figures assumed before anything measured them, and still where nothing does: the prior of the
@@ -192,7 +197,9 @@ class StepCost:
             + self._logits_s * (decode_tokens + prefill_sequences)  # type: ignore[attr-defined]
         )
         memory = self._weights_s + self._kv_read_s * (decode_context + prefill_context)  # type: ignore[attr-defined]
-        return max(compute, memory) + self.device.efficiency.step_overhead_s
+        efficiency = self.device.efficiency
+        sequences = decode_tokens + prefill_sequences
+        return max(compute, memory) + efficiency.step_overhead_s + efficiency.sequence_overhead_s * sequences
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ PATH_AFTER_SERVER = ("ServeReplica:llm:KeyedOpenAiIngress", "ProxyActor", "clien
 HOST_CORES = 2
 
 
-def host_cpu(pair, mode: str, num_prompts: int, output_len: int, wall_s: float) -> dict[str, float]:
+def host_cpu(
+    pair, mode: str, num_prompts: int, output_len: int, wall_s: float, steps: dict | None = None, context: float = 0.0
+) -> dict[str, float]:
     """What bench/host_cpu.py records for one level of ``pair`` on its host: each stage's CPU for the
     level's tokens and its share of the requests' fixed cost, the engines' processes, and Ray's own."""
     host = pair.hosts[mode]
@@ -71,6 +73,12 @@ def host_cpu(pair, mode: str, num_prompts: int, output_len: int, wall_s: float) 
     # An engine's Worker busy half the level, its EngineCore beside it: engine_cores (1.6) between them.
     spent[f"EngineCore of {SERVER[mode]}"] = 0.3 * wall_s
     spent[f"Worker of EngineCore of {SERVER[mode]}"] = 0.5 * wall_s
+    if steps:
+        # Where the level recorded its engines' steps, each engine spent what its steps cost.
+        for phase, counted in steps.items():
+            cpu = engine_cpu(pair, phase, counted, context, wall_s)
+            server = f"ServeReplica:llm:{phase}:tiny-llama"
+            spent[f"EngineCore of {server}"], spent[f"Worker of EngineCore of {server}"] = 3 / 8 * cpu, 5 / 8 * cpu
     if mode == "disaggregated":
         spent["ServeReplica:llm:Prefill:tiny-llama"] = 0.1 * wall_s
         spent["raylet"] = (HOST_CORES - host.cores - 0.1) * wall_s
@@ -81,11 +89,43 @@ def host_cpu(pair, mode: str, num_prompts: int, output_len: int, wall_s: float) 
 
 # The deployments whose engines' prefix-cache counters a level records (bench/next_turn.py, per_request).
 CACHE_PHASES = {"colocated": ("LLMServer",), "disaggregated": ("Prefill", "Decode")}
+# An engine's CPU per step, per prompt token it computes, per context token a decoding sequence reads and
+# per second it idles, beside the cost per sequence of the pair's efficiency (as CPU: on engine_cores,
+# which the hosts here do not exceed).
+STEP_CPU_S, PROMPT_TOKEN_CPU_S, CONTEXT_TOKEN_CPU_S, IDLE_CPU = 0.004, 2e-5, 1e-7, 0.05
 
 
-def recorded_runs(pair, tmp_path, repeats: int = 2, hit_share: float = 0.0) -> list[str]:
+def engine_steps(mode: str, input_len: int, output_len: int, concurrency: int) -> dict[str, dict[str, float]]:
+    """A level's engine work per phase as vLLM counts it: each prompt one chunk (its last token sampled),
+    the rest of each answer a token per step, ``concurrency`` sequences a step."""
+    answer = {
+        "steps": NUM_PROMPTS + NUM_PROMPTS * (output_len - 1) / concurrency,
+        "generated": NUM_PROMPTS * output_len,
+    }
+    if mode == "colocated":
+        return {"LLMServer": {**answer, "prompt_computed": NUM_PROMPTS * input_len}}
+    return {
+        "Prefill": {"steps": NUM_PROMPTS, "generated": NUM_PROMPTS, "prompt_computed": NUM_PROMPTS * input_len},
+        "Decode": {**answer, "prompt_computed": 0.0},
+    }
+
+
+def engine_cpu(pair, phase: str, counted: dict[str, float], context: float, wall_s: float) -> float:
+    per_sequence = pair.cost.device.efficiency.sequence_overhead_s * HOSTS["colocated"].engine_cores
+    read = 0.0 if phase == "Prefill" else counted["generated"] * context
+    return (
+        STEP_CPU_S * counted["steps"]
+        + per_sequence * counted["generated"]
+        + PROMPT_TOKEN_CPU_S * counted["prompt_computed"]
+        + CONTEXT_TOKEN_CPU_S * read
+        + IDLE_CPU * wall_s
+    )
+
+
+def recorded_runs(pair, tmp_path, repeats: int = 2, hit_share: float = 0.0, steps: bool = False) -> list[str]:
     """Runs as make bench-compare LOCAL=1 records them, of ``pair`` with ``hit_share`` of every prompt in
-    the prefix cache (recorded in each row's counters when above 0)."""
+    the prefix cache (recorded in each row's counters when above 0), with the engines' steps where
+    ``steps``."""
     from planner.local_check import Run, predicted
 
     paths = []
@@ -110,9 +150,14 @@ def recorded_runs(pair, tmp_path, repeats: int = 2, hit_share: float = 0.0) -> l
                         phase: {"queries": queried, "hits": queried * (hit_share if phase != "Decode" else 0.9)}
                         for phase in CACHE_PHASES[mode]
                     }
+                counted = engine_steps(mode, input_len, output_len, concurrency) if steps else None
+                if counted:
+                    row["engine_steps"] = counted
                 if pair.hosts:
                     wall = NUM_PROMPTS * output_len / row["output_tokens_per_s"]
-                    row["host_cpu"] = host_cpu(pair, mode, NUM_PROMPTS, output_len, wall)
+                    row["host_cpu"] = host_cpu(
+                        pair, mode, NUM_PROMPTS, output_len, wall, counted, input_len + output_len / 2
+                    )
                 rows.append(row)
         for repeat in range(repeats):
             folder = tmp_path / f"{name}-{repeat}"
@@ -161,6 +206,37 @@ def test_the_shared_host_is_read_back_from_what_each_process_spent(truth_on_host
         assert hosts[mode].engine_cores == pytest.approx(host.engine_cores, rel=1e-6)
         # Each stage's share of the requests' fixed cost comes off at the fitted cost (within 5 %).
         assert hosts[mode].token_seconds == pytest.approx(host.token_seconds, rel=0.05)
+
+
+def test_an_engine_s_cost_per_sequence_in_a_step_is_fitted_back_from_its_cpu_and_its_steps(truth_on_host, tmp_path):
+    """A step of eight sequences costs more than one of one (each is scheduled, sampled and output);
+    the ITL at concurrency 1 cannot tell that cost from the step's, the engines' CPU per step can."""
+    from planner import local_check
+
+    efficiency = replace(truth_on_host.cost.device.efficiency, sequence_overhead_s=0.0015)
+    pair = replace(truth_on_host, cost=truth_on_host.cost.with_efficiency(efficiency))
+    runs = local_check.runs_of(recorded_runs(pair, tmp_path, steps=True))
+    assert local_check.sequence_cpu_s(runs) == pytest.approx(0.0015 * HOSTS["colocated"].engine_cores, rel=1e-6)
+    fitted, hosts = local_check.local_fit(runs)
+    assert fitted.efficiency.sequence_overhead_s == pytest.approx(0.0015, rel=1e-6)
+    # A step of one sequence still costs what the ITL at concurrency 1 says.
+    one_sequence = local_check.median_probe_fit(runs).efficiency.step_overhead_s
+    assert fitted.efficiency.step_overhead_s + 0.0015 == pytest.approx(one_sequence, rel=1e-6)
+    with_steps = local_check.compare(runs, local_check.local_pair(fitted, hosts))
+    assert all(f.within for f in with_steps)
+    # Without the engines' steps the cost per sequence is not known, and the short prompts' ITL under
+    # load, where a step holds eight sequences, comes out low.
+    for run in runs:
+        for row in run.data["rows"]:
+            del row["engine_steps"]
+    assert local_check.sequence_cpu_s(runs) is None
+    without = local_check.compare(runs, local_check.local_pair(*local_check.local_fit(runs)))
+
+    def itl_at_8(figures):
+        return [f.error for f in figures if (f.workload, f.figure, f.concurrency) == ("local-short", "mean_itl_ms", 8)]
+
+    assert all(error < -0.15 for error in itl_at_8(without))
+    assert all(abs(error) < 0.1 for error in itl_at_8(with_steps))
 
 
 def test_without_a_shared_host_the_local_servers_are_predicted_far_off(truth_on_host, tmp_path):
