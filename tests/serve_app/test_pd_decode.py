@@ -8,6 +8,7 @@ replica, would take up to 35 minutes): the behaviour is the same, sooner."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
@@ -193,6 +194,14 @@ def deploy(
 REPLICA_START_S = 120.0
 
 
+def replicas_start_s(replicas: int) -> float:
+    """How long ``replicas`` started at once may take: the raylet starts at most as many worker
+    processes at a time as the node has CPUs (ray/_private/services.py, maximum_startup_concurrency),
+    so on two cores a third replica's start waits for one of the first two."""
+    at_once = max(1, min(multiprocessing.cpu_count(), int(ray.cluster_resources().get("CPU", 0))))
+    return -(-replicas // at_once) * REPLICA_START_S
+
+
 def deploy_failed_deadline_s() -> float:
     """Serve marks an app DEPLOY_FAILED after MAX_PER_REPLICA_RETRY_COUNT failed starts of a replica
     (ray/serve/_private/constants.py); each is a replica start."""
@@ -264,9 +273,9 @@ def test_a_prefill_replica_that_joins_later_is_prewarmed_too(serve_instance, tmp
     serve = serve_instance
     gate = tmp_path / "second-prefill-may-start"
     deploy(serve, "joins", OurDecode, until=gate, prefill_replicas=2, first_at_once=tmp_path / "first")
-    decode = wait_for(lambda: decode_status(serve, "joins") == "HEALTHY") and serve.get_deployment_handle(
-        "Decode", app_name="joins"
-    )
+    # Two prefill replicas and decode start at once.
+    assert wait_for(lambda: decode_status(serve, "joins") == "HEALTHY", replicas_start_s(3)), "decode did not start"
+    decode = serve.get_deployment_handle("Decode", app_name="joins")
     # The first prefill replica was prewarmed: decode pulled its KV once.
     assert wait_for(lambda: pulled_by(decode)) == [KV_PARAMS]
     gate.touch()
