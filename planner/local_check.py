@@ -8,8 +8,8 @@ three. The local pair is described as a device the advisor knows (:class:`LocalP
 model of config/local.yaml, one engine per phase in P/D and one colocated engine, each engine's
 per-token prefill and per-step decode costs from the fit of ``python -m planner.calibration
 --local`` (the median TTFT probe of every run, fitted on the sizes P/D prefills remotely; the ITL
-at concurrency 1) and a step's cost per sequence in it (:func:`sequence_cpu_s`), its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, ``max_num_seqs`` and the token
-budget from the spec, and the machine the engines share with Ray Serve's processes and the client
+at concurrency 1) and a step's cost per sequence in it (:func:`sequence_cpu_s`), its KV cache from
+``VLLM_CPU_KVCACHE_SPACE``, ``max_num_seqs`` and the token budget from the spec, and the machine the engines share with Ray Serve's processes and the client
 (:func:`hosts_of`: its cores and each front-end process's CPU per streamed token, from what each
 process spent in each level, bench/host_cpu.py). The advisor's simulation (planner/simulate.py)
 then serves each workload at each measured concurrency in both modes, as `vllm bench serve` ran it.
