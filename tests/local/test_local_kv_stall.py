@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -183,6 +184,27 @@ def counted(counters: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
+CROSSED = "prompt tokens read from prefill"
+COMPUTED = "prompt tokens computed"
+FAILED = "KV reads failed"
+STALLED = "KV reads stalled"
+WHICH_WAY = {
+    CROSSED: ("vllm:prompt_tokens_by_source_total", {"source": "external_kv_transfer"}),
+    COMPUTED: ("vllm:prompt_tokens_by_source_total", {"source": "local_compute"}),
+    FAILED: ("vllm:nixl_num_failed_transfers_total", {}),
+    STALLED: ("pd_kv_transfer_stalls_total", {}),
+}
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Which way decode went between two reads of its counters: read the KV, computed the prompt,
+    failed a read, failed one for stalling."""
+    return {
+        what: counted(after, name, **labels) - counted(before, name, **labels)
+        for what, (name, labels) in WHICH_WAY.items()
+    }
+
+
 @pytest.fixture(scope="module")
 def engines(shared_servers):
     from local.paths import DEFAULT_SPEC
@@ -213,52 +235,57 @@ def test_a_kv_read_from_a_prefill_that_never_answers_fails_after_the_bound_and_d
     bound = spec.kv_transfer.stall_timeout_s
     prompt = "The stall test's prompt reads on and on. " * 20
 
-    # A pull that works first: decode's handshake with prefill is done, and KV crossed. On a busy
-    # machine the first handshake may time out (vLLM gives prefill 5 s to answer it): a second try.
+    # A pull that works first: decode's handshake with prefill is done, and KV crossed with nothing
+    # failed or stalled. On two busy cores both engines spin between steps, and a first handshake may
+    # time out (vLLM gives prefill 5 s to answer it) or a first read outlast the bound: another try.
     for attempt in range(3):
         before = decode.counters()
         warm = prefill.ask(prompt=f"Warm {attempt}: " + prompt, max_tokens=1, kv={"do_remote_decode": True})
         pulled = decode.ask(prompt=f"Warm {attempt}: " + prompt, max_tokens=4, kv=warm["kv"])
         after = decode.counters()
-        crossed = counted(after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") - counted(
-            before, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
-        )
-        if crossed >= pulled["prompt_tokens"] - 1:
+        warm_moved = moved(before, after)
+        if warm_moved[CROSSED] >= pulled["prompt_tokens"] - 1 and not warm_moved[FAILED] and not warm_moved[STALLED]:
             break
     else:
-        raise AssertionError("no KV crossed from prefill to decode in 3 tries:\n" + "".join(decode.lines[-40:]))
-    assert counted(after, "pd_kv_transfer_stalls_total") == 0
+        raise AssertionError(
+            f"no clean KV pull from prefill to decode in 3 tries (last: {warm_moved}):\n" + "".join(decode.lines[-40:])
+        )
 
-    # Prefill holds the next prompt's KV for decode, and freezes.
-    held = prefill.ask(prompt="Held: " + prompt, max_tokens=1, kv={"do_remote_decode": True})
-    assert held["kv"] and held["kv"].get("remote_block_ids"), f"prefill held no KV for decode: {held}"
-    os.killpg(prefill.process.pid, signal.SIGSTOP)
-    asked = time.monotonic()
-    answer = decode.ask(timeout=bound + ANSWER_MARGIN_S, prompt="Held: " + prompt, max_tokens=4, kv=held["kv"])
-    waited = time.monotonic() - asked
-    assert answer is not None, f"decode did not answer within {bound + ANSWER_MARGIN_S:g} s of a stalled KV read"
+    # Prefill holds the next prompt's KV for decode, and freezes. The bound is what this test is about:
+    # a read that ended before it without the bound firing (it completed, or failed some other way)
+    # did not test it, and the setup is tried once more, with a warning that names how it ended.
+    for attempt in range(2):
+        held_prompt = f"Held {attempt}: " + prompt
+        held = prefill.ask(prompt=held_prompt, max_tokens=1, kv={"do_remote_decode": True})
+        assert held["kv"] and held["kv"].get("remote_block_ids"), f"prefill held no KV for decode: {held}"
+        logged_before = len(decode.lines)
+        os.killpg(prefill.process.pid, signal.SIGSTOP)
+        asked = time.monotonic()
+        answer = decode.ask(timeout=bound + ANSWER_MARGIN_S, prompt=held_prompt, max_tokens=4, kv=held["kv"])
+        waited = time.monotonic() - asked
+        assert answer is not None, f"decode did not answer within {bound + ANSWER_MARGIN_S:g} s of a stalled KV read"
+        stalled = decode.counters()
+        stalled_moved = moved(after, stalled)
+        if waited >= bound or stalled_moved[STALLED] or attempt == 1:
+            break
+        warnings.warn(
+            f"decode's read from a frozen prefill ended after {waited:.1f} s without the bound: {stalled_moved}",
+            stacklevel=1,
+        )
+        os.killpg(prefill.process.pid, signal.SIGCONT)
+        after = stalled
     assert waited >= bound, (
-        f"decode answered {waited:.1f} s after a read from a frozen prefill: {held['kv']}\n"
+        f"decode answered {waited:.1f} s after a read from a frozen prefill: {held['kv']}; {stalled_moved}\n"
         + "".join(decode.lines[-40:])
     )
 
-    stalled = decode.counters()
-    assert counted(stalled, "pd_kv_transfer_stalls_total") - counted(after, "pd_kv_transfer_stalls_total") == 1
-    assert (
-        counted(stalled, "vllm:nixl_num_failed_transfers_total")
-        - counted(after, "vllm:nixl_num_failed_transfers_total")
-        == 1
-    )
+    assert stalled_moved[STALLED] == 1 and stalled_moved[FAILED] == 1, stalled_moved
     # Recompute: decode computed the prompt itself, and answers as it does with no prefill at all.
-    assert (
-        counted(stalled, "vllm:prompt_tokens_by_source_total", source="local_compute")
-        - counted(after, "vllm:prompt_tokens_by_source_total", source="local_compute")
-        >= answer["prompt_tokens"] - 1
-    )
-    alone = decode.ask(prompt="Held: " + prompt, max_tokens=4)
+    assert stalled_moved[COMPUTED] >= answer["prompt_tokens"] - 1, stalled_moved
+    alone = decode.ask(prompt=held_prompt, max_tokens=4)
     assert answer["text"] == alone["text"]
 
     peer = f"prefill engine {held['kv']['remote_engine_id']} at 127.0.0.1:{prefill.side_channel_port} over UCX"
-    logged = [line for line in decode.lines if "KV transfer stalled" in line]
+    logged = [line for line in decode.lines[logged_before:] if "KV transfer stalled" in line]
     assert len(logged) == 1 and peer in logged[0], "".join(logged) or "no stall logged"
     assert f"made no progress for {bound:.0f}." in logged[0] and "kv_load_failure_policy recompute" in logged[0]
