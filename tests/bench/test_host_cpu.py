@@ -29,12 +29,24 @@ exec -a {DECODE_REPLICA}.handle_request bash -c '
 @pytest.fixture
 def server():
     process = subprocess.Popen(["bash", "-c", TREE], start_new_session=True)
+    # Until the worker's title shows: a forked subshell counts as a member before it execs, under its
+    # parent's title, so a count of members can come first on a busy machine.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(_members(process.pid)) < 3:
+    while time.monotonic() < deadline and not any(
+        _title(pid).startswith("VLLM::Worker") for pid in _members(process.pid)
+    ):
         time.sleep(0.05)
     yield process
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(10)
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _members(session: int) -> list[int]:
