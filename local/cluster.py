@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -64,7 +65,35 @@ START_SECONDS = 60.0
 TEMP_ROOT = Path(tempfile.gettempdir()) / f"pd-serving-ray-{zlib.crc32(str(RUN_DIR).encode()):08x}"
 
 
+# The ports picked here are bound later, by processes started after the pick (the GCS, the head's
+# Serve proxy, Redis, Ray's agents). One picked from the kernel's ephemeral range with bind(0) and let
+# go is anyone's for their own bind(0) or connect() until then, and Ray's workers and agents bind that
+# way while the cluster starts: once one of them took the head proxy's port. So they come from below
+# that range, above Ray's worker ports (10002-19999) and NIXL's side channels (20000 and 22000, each
+# plus a replica's offset).
+STABLE_PORTS = range(24000, 32768)
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORT_TRIES = 200
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback port free now, outside the ephemeral range where it can be (else any free one)."""
+    candidates = [port for port in STABLE_PORTS if port < ephemeral_low()]
+    for port in random.sample(candidates, min(PORT_TRIES, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
