@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bench.host_cpu import CLIENT, accounted, role
+from bench.host_cpu import CLIENT, accounted, role, title
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 
@@ -33,20 +33,12 @@ def server():
     # parent's title, so a count of members can come first on a busy machine.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not any(
-        _title(pid).startswith("VLLM::Worker") for pid in _members(process.pid)
+        (title(pid) or "").startswith("VLLM::Worker") for pid in _members(process.pid)
     ):
         time.sleep(0.05)
     yield process
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(10)
-
-
-def _title(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return cmdline.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _members(session: int) -> list[int]:
