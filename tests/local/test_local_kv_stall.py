@@ -22,7 +22,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import warnings
 
 import pytest
 
+from local.cluster import free_port
 from tests.conftest import ROOT
 
 pytest.importorskip("vllm", reason="the serving stack (requirements-serve.txt) is not installed")
@@ -83,12 +83,6 @@ asyncio.run(main(sys.argv[1], os.fdopen(answers_fd, "w")))
 START_BOUND_S = 360
 # How long past the bound decode may take to answer a stalled request (it computes the prompt itself).
 ANSWER_MARGIN_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Engine:

@@ -16,6 +16,7 @@ from multiprocessing import shared_memory
 import pytest
 
 from local import leftovers, lifecycle, ports, segments
+from local.cluster import free_port
 from local.errors import StartupFailure
 from tests.conftest import ROOT
 
@@ -78,12 +79,6 @@ open(sys.argv[1], "w").write("sem." + lock._semlock.name.lstrip("/"))
 print("holding", flush=True)
 time.sleep(120)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for(condition, timeout: float, what: str):
