@@ -10,7 +10,8 @@
   level and its wall time (bench/host_cpu.py), with ``host_cores``, the cores they shared, and
   ``prefix_cache``, per phase the prompt tokens its engines looked up in their prefix cache and found
   there, per request, and ``engine_steps``, per phase the steps its engines took over the level, the tokens
-  they generated and the prompt tokens they computed (vLLM's counters).
+  they generated and the prompt tokens they computed (vLLM's counters); and ``host_priority``, how
+  the client was put ahead of the local servers for the CPU (bench/host_cpu.py, ``behind_the_client``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ FILE_NAME = "calibration.json"
 
 
 def write_calibration(
-    out_dir: Path, *, model: str, workload, rows, ttft: dict | None = None, pd_min_prompt_tokens: int = 0
+    out_dir: Path,
+    *,
+    model: str,
+    workload,
+    rows,
+    ttft: dict | None = None,
+    pd_min_prompt_tokens: int = 0,
+    host_priority: str | None = None,
 ) -> Path:
     """``rows``: bench.run's Rows, whose labels are the modes; ``ttft``: {mode: [SizeResult]};
     ``pd_min_prompt_tokens``: the P/D deployment's selective threshold (its shorter prompts never
@@ -64,6 +72,8 @@ def write_calibration(
     if any(r.host_cpu for r in rows):
         # The cores the local servers and the client shared (planner/local_check.py models them).
         data["host_cores"] = len(os.sched_getaffinity(0))
+    if host_priority:
+        data["host_priority"] = host_priority
     path = out_dir / FILE_NAME
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -88,11 +88,13 @@ def probe_ttft(url: str, model: str, tokenizer: str, **metrics):
 
 def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = None, **kwargs):
     """The workload and the TTFT probe against a local server started for them."""
-    from bench.host_cpu import accounted
+    from bench.host_cpu import accounted, behind_the_client
     from local.harness import LocalServer
 
     server = LocalServer(mode=mode, port=port, metrics_port=metrics_port, spec=spec).start()
     try:
+        priority = behind_the_client(server.process.pid)
+        print(f"[bench] {mode}: {priority}", flush=True)
         # Every level's prefix-cache hits, from the engines' own counters: the local model's byte-level
         # vocabulary makes vLLM's random prompts share prefixes, and the advisor's check
         # (planner/local_check.py) predicts each level with the hits it had.
@@ -105,7 +107,7 @@ def bench_local(mode: str, port: int, metrics_port: int, spec: Path | None = Non
             metrics_url=server.status["metrics_url"],
             replicas=server.replicas,
         )
-        return rows, ttft
+        return rows, ttft, priority
     finally:
         server.stop()
 
@@ -149,9 +151,12 @@ def compare(
         from serve_app.spec import load_spec
 
         pd_min_prompt_tokens = load_spec(str(spec or LOCAL_SPEC)).pd_min_prompt_tokens
+    host_priority = None
     if local:
-        pd_rows, pd_ttft = bench_local("disaggregated", 8000, 8085, spec, label="disaggregated", **common)
-        colocated_rows, co_ttft = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
+        pd_rows, pd_ttft, host_priority = bench_local(
+            "disaggregated", 8000, 8085, spec, label="disaggregated", **common
+        )
+        colocated_rows, co_ttft, _ = bench_local("colocated", 8000, 8085, spec, label="colocated", **common)
     else:
         pd_counters, pd_note = metrics_counters(pd_metrics_url) if workload.repeated else (None, "")
         pd_rows = run_workload(url=pd_url, label="disaggregated", counters=pd_counters, counters_note=pd_note, **common)
@@ -168,7 +173,8 @@ def compare(
         pd_rows + colocated_rows,
         out_dir,
         workload,
-        extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n{ttft}",
+        extra=f"\n## Disaggregated / colocated (one run)\n\n{ratios}\n{ttft}"
+        + (f"\nThe CPU, client and local server: {host_priority}.\n" if host_priority else ""),
     )
     write_calibration(
         out_dir,
@@ -177,6 +183,7 @@ def compare(
         rows=pd_rows + colocated_rows,
         ttft={"disaggregated": pd_ttft[0], "colocated": co_ttft[0]},
         pd_min_prompt_tokens=pd_min_prompt_tokens,
+        host_priority=host_priority,
     )
     repeated = repeated_section(pd_rows + colocated_rows, workload)
     return f"{table(pd_rows + colocated_rows)}\n{repeated}\nDisaggregated / colocated:\n{ratios}\n{ttft}"

@@ -7,6 +7,9 @@ time), beside the level's wall time. A role is the process's title as Ray and vL
 changes while it runs (the method a Ray actor is in): ``ServeReplica:llm:PDProxyServer``,
 ``ProxyActor``, vLLM's ``EngineCore`` and its ``Worker`` (with the role above them: ``EngineCore of
 ServeReplica:llm:Decode:…``), ``raylet``; the benchmark's own process is ``client``.
+
+The client is put ahead of the server for the CPU (``behind_the_client``), as it would be on a machine
+of its own: a client left to wait for the cores measures its own waits as the server's latency.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from pathlib import Path
 from local.lifecycle import session_members
 
 PROC = Path("/proc")
+AUTOGROUP_ENABLED = PROC / "sys" / "kernel" / "sched_autogroup_enabled"
+# Linux's autogroup gives each session one share of the CPU, whatever its threads' own nice values:
+# the local server (a session of its own, some 400 threads) and the client's session share the cores
+# as equals, and under a saturating level the client's session waited up to 0.9 s for a core,
+# several times a second (docs/benchmarks.md). Nice 10 weighs the server's session a tenth of the
+# client's, so the client runs when it has work; the server still has every cycle the client leaves.
+SERVER_AUTOGROUP_NICE = 10
 CLIENT = "client"
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # What a title carries that is not the process's role: Ray's and vLLM's prefixes, the method a Serve
@@ -106,3 +116,28 @@ def accounted(session: int) -> Iterator[dict[str, float]]:
             totals[CLIENT if pid == os.getpid() else name] += seconds - before[pid][1]
     spent.update({name: round(seconds, 3) for name, seconds in sorted(totals.items())})
     spent["wall_s"] = round(wall, 3)
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the autogroup ``pid`` is in; None where the kernel has none to show."""
+    try:
+        return int((PROC / str(pid) / "autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def behind_the_client(session: int, nice: int = SERVER_AUTOGROUP_NICE) -> str:
+    """Puts the server whose processes are in ``session`` (a session leader's pid: ``start_new_session``)
+    behind this process for the CPU; returns a line saying how, for the benchmark's report.
+
+    With autogroup on, the session's autogroup gets ``nice`` (raising it needs no privilege). With it
+    off the kernel weighs threads one by one: Ray already runs its workers, the engines among them, at
+    nice 15 (its ``worker_niceness``), below the client's 0, and nothing is changed."""
+    try:
+        enabled = AUTOGROUP_ENABLED.read_text().strip() == "1"
+    except OSError:
+        enabled = False
+    if not enabled:
+        return "autogroup off: the client (nice 0) shares the cores with Ray's workers (nice 15) thread by thread"
+    (PROC / str(session) / "autogroup").write_text(str(nice))
+    return f"the server's session at autogroup nice {autogroup_nice(session)}, the client's at {autogroup_nice(os.getpid())}"

@@ -125,10 +125,10 @@ def test_the_calibration_file_carries_the_rows_under_vllms_names_and_the_fit_rea
     written = load(tmp_path)["rows"][0]
     assert {k: written[k] for k in row.latency_ms} == row.latency_ms
     assert _median_itl_ms(written) == row.latency_ms["median_itl_ms"]
-    assert "host_cpu" not in written and "host_cores" not in load(tmp_path)
+    assert "host_cpu" not in written and "host_cores" not in load(tmp_path) and "host_priority" not in load(tmp_path)
 
 
-def test_a_local_level_s_cpu_per_process_and_the_cores_go_into_the_calibration_file(tmp_path):
+def test_a_local_level_s_cpu_per_process_the_cores_and_the_client_s_priority_go_into_the_calibration_file(tmp_path):
     import os
     from dataclasses import replace
     from types import SimpleNamespace
@@ -139,10 +139,12 @@ def test_a_local_level_s_cpu_per_process_and_the_cores_go_into_the_calibration_f
     spent = {"ServeReplica:llm:OpenAiIngress": 1.5, "ProxyActor": 1.0, "client": 0.4, "wall_s": 4.0}
     row = replace(_row("colocated", 8, 100.0, 2.0), host_cpu=spent)
     workload = SimpleNamespace(name="tiny", input_len=64, output_len=16, range_ratio=0.0, num_prompts=6)
-    write_calibration(tmp_path, model="m", workload=workload, rows=[row])
+    priority = "the server's session at autogroup nice 10, the client's at 0"
+    write_calibration(tmp_path, model="m", workload=workload, rows=[row], host_priority=priority)
     data = load(tmp_path)
     assert data["rows"][0]["host_cpu"] == spent
     assert data["host_cores"] == len(os.sched_getaffinity(0))
+    assert data["host_priority"] == priority
     assert "prefix_cache" not in data["rows"][0]
 
 

@@ -12,7 +12,16 @@ import time
 
 import pytest
 
-from bench.host_cpu import CLIENT, accounted, role, title
+from bench.host_cpu import (
+    AUTOGROUP_ENABLED,
+    CLIENT,
+    SERVER_AUTOGROUP_NICE,
+    accounted,
+    autogroup_nice,
+    behind_the_client,
+    role,
+    title,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 
@@ -62,3 +71,18 @@ def test_each_role_is_charged_the_cpu_its_processes_spent_in_the_block(server):
     assert spent[f"Worker of EngineCore of {replica}"] < 0.05
     assert spent[CLIENT] < 0.3  # this process slept
     assert 0.75 <= spent["wall_s"] < 2
+
+
+def test_the_server_s_session_is_put_behind_the_client_and_the_client_s_is_left_as_it_was(server):
+    ours = autogroup_nice(os.getpid())
+    line = behind_the_client(server.pid)
+    if AUTOGROUP_ENABLED.read_text().strip() != "1":
+        # The kernel weighs threads one by one: nothing is changed, and the line says why that is enough.
+        assert line.startswith("autogroup off:") and autogroup_nice(server.pid) == ours
+        return
+    # Every process of the session, the ones it started before the call too, shares the one autogroup.
+    members = _members(server.pid)
+    assert len(members) >= 3
+    assert {autogroup_nice(pid) for pid in members} == {SERVER_AUTOGROUP_NICE}
+    assert autogroup_nice(os.getpid()) == ours
+    assert line == f"the server's session at autogroup nice {SERVER_AUTOGROUP_NICE}, the client's at {ours}"
