@@ -150,6 +150,15 @@ def runs_of(paths: list[str]) -> list[Run]:
                 data,
             )
         )
+    priorities = {run.data.get("host_priority") for run in runs}
+    if len(priorities) > 1:
+        # A client that waited for the cores counted its waits as the servers' TTFT (docs/benchmarks.md):
+        # one fit over both kinds of run fits neither.
+        raise PlanningError(
+            "RESULTS mix runs whose client was put ahead of the local servers for the CPU (host_priority in "
+            "calibration.json) with runs where it was not: give runs of one kind, or run `make bench-compare "
+            "LOCAL=1` again for the others"
+        )
     return runs
 
 

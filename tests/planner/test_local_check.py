@@ -264,6 +264,22 @@ def test_a_run_that_recorded_no_engine_server_is_refused_in_one_line(truth_on_ho
     assert "\n" not in str(refused.value)
 
 
+def test_runs_whose_client_had_the_cpu_ahead_of_the_servers_are_not_fitted_with_runs_where_it_waited(
+    truth, tmp_path, capsys
+):
+    from planner import local_check
+
+    paths = recorded_runs(truth, tmp_path)
+    ahead = tmp_path / paths[0].rsplit("/", 1)[-1] / "calibration.json"
+    data = json.loads(ahead.read_text())
+    ahead.write_text(json.dumps({**data, "host_priority": "the server's session at autogroup nice 10"}))
+    assert local_check.main(paths) == 2
+    refused = capsys.readouterr().err.strip()
+    assert refused.startswith("RESULTS mix runs whose client was put ahead of the local servers for the CPU")
+    assert "\n" not in refused
+    assert local_check.main(paths[:1]) == 0
+
+
 def test_every_measured_figure_is_set_beside_the_prediction_for_its_workload_mode_and_concurrency(truth, tmp_path):
     from planner import local_check
 
