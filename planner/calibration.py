@@ -296,12 +296,18 @@ def fit(data: dict[str, Any], cost: StepCost, budget: int, link: Link, fit_on: t
     return Fit(efficiency, fitted_link, (t1, t2), measured, before, predict(fitted, fitted_link))
 
 
+# A share of the nominal memory bandwidth so high that a step's reads cost nothing beside its compute.
+HIDDEN_SHARE_CEILING = 1e3
+
+
 def decode_fit(cost: StepCost, efficiency: Efficiency, itl_ms_at: dict[int, float]) -> Efficiency:
     """One sequence's decode step, from its median ITL at each context measured (context tokens ->
     ms). At two contexts or more, the share of the memory bandwidth its KV reads reach first, from how
-    the ITL grows between the shortest and the longest: where the step is bound by its compute at both
-    (the attention over the context grows it too), the lowest share that still shows that growth, and
-    where the ITL does not grow, the share as assumed. Then the per-step cost, what the ITL at the
+    the ITL grows between the shortest and the longest. Where it grows more than the step's compute
+    (its attention over the context) explains, the share that gives that growth. Where it grows no
+    more, or not at all (on a CPU the growth can sit below the runs' noise), the reads were hidden
+    under the compute: the lowest share that still hides them at the longest context, not the assumed
+    share, which may price them above what was measured. Then the per-step cost, what the ITL at the
     shortest has beyond the step's reads and compute."""
     shortest, longest = min(itl_ms_at), max(itl_ms_at)
 
@@ -309,9 +315,14 @@ def decode_fit(cost: StepCost, efficiency: Efficiency, itl_ms_at: dict[int, floa
         bare = replace(efficiency, decode_bandwidth=share, step_overhead_s=0.0)
         return cost.with_efficiency(bare).step_seconds(1, context, 0, 0.0, 0, 0)
 
-    growth = (itl_ms_at[longest] - itl_ms_at[shortest]) / 1e3
-    if longest > shortest and growth > 0:
-        share = _bisect(lambda s: bare_step(s, longest) - bare_step(s, shortest), growth, 1e-3, 1e3)
+    if longest > shortest:
+        compute_only = bare_step(HIDDEN_SHARE_CEILING, longest)
+        hidden = _bisect(lambda s: bare_step(s, longest), compute_only * (1 + 1e-6), 1e-3, HIDDEN_SHARE_CEILING)
+        growth = (itl_ms_at[longest] - itl_ms_at[shortest]) / 1e3
+        if growth > bare_step(hidden, longest) - bare_step(hidden, shortest):
+            share = _bisect(lambda s: bare_step(s, longest) - bare_step(s, shortest), growth, 1e-3, 1e3)
+        else:
+            share = hidden
         efficiency = replace(efficiency, decode_bandwidth=share)
     moving = bare_step(efficiency.decode_bandwidth, shortest)
     return replace(efficiency, step_overhead_s=max(itl_ms_at[shortest] / 1e3 - moving, 0.0))
