@@ -29,7 +29,7 @@ AUTOGROUP_ENABLED = PROC / "sys" / "kernel" / "sched_autogroup_enabled"
 # Linux's autogroup gives each session one share of the CPU, whatever its threads' own nice values:
 # the local server (a session of its own, some 400 threads) and the client's session share the cores
 # as equals, and under a saturating level the client's session waited up to 0.9 s for a core,
-# several times a second (docs/benchmarks.md). Nice 10 weighs the server's session a tenth of the
+# several times a second (docs/benchmarks.md). Nice 10 weighs the server's session about a tenth of the
 # client's, so the client runs when it has work; the server still has every cycle the client leaves.
 SERVER_AUTOGROUP_NICE = 10
 CLIENT = "client"
