@@ -139,5 +139,10 @@ def behind_the_client(session: int, nice: int = SERVER_AUTOGROUP_NICE) -> str:
         enabled = False
     if not enabled:
         return "autogroup off: the client (nice 0) shares the cores with Ray's workers (nice 15) thread by thread"
-    (PROC / str(session) / "autogroup").write_text(str(nice))
+    try:
+        (PROC / str(session) / "autogroup").write_text(str(nice))
+    except OSError as exc:
+        # A kernel or sandbox that refuses it leaves a run still worth having, said to be one where
+        # the client waited with the server.
+        return f"the server's session left as it was ({exc.strerror}): the client shares the cores with it as an equal"
     return f"the server's session at autogroup nice {autogroup_nice(session)}, the client's at {autogroup_nice(os.getpid())}"

@@ -86,3 +86,12 @@ def test_the_server_s_session_is_put_behind_the_client_and_the_client_s_is_left_
     assert {autogroup_nice(pid) for pid in members} == {SERVER_AUTOGROUP_NICE}
     assert autogroup_nice(os.getpid()) == ours
     assert line == f"the server's session at autogroup nice {SERVER_AUTOGROUP_NICE}, the client's at {ours}"
+
+
+def test_a_session_the_kernel_will_not_reorder_is_said_to_share_the_cores_as_an_equal():
+    if AUTOGROUP_ENABLED.read_text().strip() != "1":
+        pytest.skip("autogroup is off: nothing is written")
+    gone = 2**22 + 1  # above pid_max's ceiling: no such process
+    line = behind_the_client(gone)
+    assert line.startswith("the server's session left as it was (")
+    assert line.endswith("the client shares the cores with it as an equal")
